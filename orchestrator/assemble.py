@@ -1,0 +1,112 @@
+"""Results -> Markdown in outline order.
+
+``Book`` is the frozen value the later stages (typeset, defects, report) work from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from markdown_it import MarkdownIt
+
+from .outline import Outline
+
+
+@dataclass(frozen=True)
+class SectionText:
+    """A section as written (or not): ``error`` is set when every attempt failed; ``text`` is then ''."""
+
+    path: str
+    part: str
+    chapter: str
+    title: str
+    text: str
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    backend: str | None = None
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def empty(self) -> bool:
+        return self.error is None and not self.text.strip()
+
+
+@dataclass(frozen=True)
+class Book:
+    outline: Outline
+    sections: tuple[SectionText, ...]
+    markdown: str
+
+    @property
+    def words(self) -> int:
+        return sum(count_words(s.text) for s in self.sections)
+
+
+_WORD = re.compile(r"\S+")
+
+
+def count_words(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
+_md = MarkdownIt("commonmark")
+
+
+def normalise_title(title: str) -> str:
+    return re.sub(r"[^\w]+", " ", title.lower()).strip()
+
+
+def demote_headings(text: str, below: int = 4, drop_title: str | None = None) -> str:
+    """Rewrite a section's own headings to sit below level ``below`` (ATX, max level 6).
+
+    Headings are found with markdown-it, so '#' lines inside code fences stay untouched; setext headings become
+    ATX. A first heading that merely repeats the section title (``drop_title``) is removed.
+    """
+    lines = text.splitlines()
+    tokens = _md.parse(text)
+    edits: list[tuple[int, int, str | None]] = []
+    first_block = True
+    for i, tok in enumerate(tokens):
+        if tok.level != 0 or tok.map is None or not tok.type.endswith("_open") and tok.type not in ("fence", "code_block", "hr", "html_block"):
+            continue
+        if tok.type == "heading_open":
+            level = int(tok.tag[1])
+            content = tokens[i + 1].content if i + 1 < len(tokens) else ""
+            start, end = tok.map
+            if first_block and drop_title and normalise_title(content) == normalise_title(drop_title):
+                edits.append((start, end, None))
+            else:
+                new_level = min(below + level, 6)
+                edits.append((start, end, "#" * new_level + " " + content.strip()))
+        first_block = False
+    for start, end, repl in reversed(edits):
+        lines[start:end] = [] if repl is None else [repl]
+    return "\n".join(lines).strip()
+
+
+def assemble(outline: Outline, sections: dict[str, SectionText]) -> Book:
+    """Place every section under its part and chapter, in outline order. A failed section is marked visibly."""
+    out: list[str] = [f"# {outline.title}", ""]
+    ordered: list[SectionText] = []
+    refs = {r.path: r for r in outline.sections()}
+    for pi, part in enumerate(outline.parts, 1):
+        out += [f"## {part.title}", ""]
+        for ci, chapter in enumerate(part.chapters, 1):
+            out += [f"### {chapter.title}", ""]
+            for si, title in enumerate(chapter.sections, 1):
+                path = f"{pi}.{ci}.{si}"
+                s = sections.get(path) or SectionText(
+                    path, refs[path].part, refs[path].chapter, title, "", error="not written"
+                )
+                ordered.append(s)
+                out += [f"#### {title}", ""]
+                if s.failed:
+                    out += [f"> **This section is missing**: {s.error}", ""]
+                elif s.text.strip():
+                    out += [demote_headings(s.text, drop_title=title), ""]
+    return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")

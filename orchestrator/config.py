@@ -1,0 +1,170 @@
+"""Frozen configuration values: Backend, Settings, presets and TOML job files."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from .errors import ConfigError
+
+DEFAULT_PROMPT = "Write me a complete software engineering handbook"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One OpenAI-compatible server: its base URL (ending in /v1) and its in-flight cap."""
+
+    url: str
+    cap: int = 256
+    api_key: str | None = field(default=None, repr=False)  # never printed
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", normalise_url(self.url))
+        check_positive_int("cap", self.cap)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that shapes a job. ``outline_key`` names the fields that decide the outline (resume checks)."""
+
+    parts: int = 8
+    chapters: int = 12
+    sections: int = 16
+    words: int = 250
+    max_tokens: int = 520
+    temperature: float = 0.0
+    cap: int = 256
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never printed, never journaled
+    plan_max_tokens: int = 1024
+    attempts: int = 8
+    pipeline: bool = True
+    formats: tuple[str, ...] = ("md", "pdf")
+    templates: str | None = None
+    connect_timeout_s: float = 10.0
+    first_token_timeout_s: float = 120.0
+    chunk_timeout_s: float = 60.0
+    metrics_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):
+            check_positive_int(name, getattr(self, name))
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
+            raise ConfigError(f"temperature must be a number, got {self.temperature!r}")
+        if not 0 <= self.temperature <= 2:
+            raise ConfigError(f"temperature must be between 0 and 2, got {self.temperature}")
+        formats = tuple(self.formats)
+        bad = [f for f in formats if f not in ("md", "html", "pdf")]
+        if bad or not formats:
+            raise ConfigError(f"--format takes any of md,html,pdf; got {','.join(formats) or 'nothing'}")
+        if "md" not in formats:
+            formats = ("md", *formats)  # book.md is always written: it is what everything else is made from
+        object.__setattr__(self, "formats", formats)
+
+    def outline_key(self) -> dict[str, Any]:
+        return {"parts": self.parts, "chapters": self.chapters, "sections": self.sections}
+
+    def public(self) -> dict[str, Any]:
+        """The settings as plain data, secrets left out (for stats, journal and events)."""
+        out = {}
+        for f in fields(self):
+            if f.name == "api_key":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Every setting of the reference run (../shared/reference_run.json, fan_out_job).
+    "published-take": {
+        "prompt": "Write me a complete software engineering handbook. Every topic, with examples.",
+        "parts": 8,
+        "chapters": 12,
+        "sections": 16,
+        "words": 250,
+        "max_tokens": 520,
+        "temperature": 0.0,
+        "cap": 256,
+    },
+}
+
+SETTING_NAMES = {f.name for f in fields(Settings)}
+JOB_KEYS = SETTING_NAMES | {"prompt", "backends", "backend", "out", "format", "preset"}
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
+def normalise_url(url: str) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError("a backend URL is empty")
+    u = url.strip().rstrip("/")
+    parsed = urlparse(u)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"malformed backend URL {url!r}: expected http(s)://HOST[:PORT]/v1")
+    try:
+        parsed.port  # noqa: B018 - raises on a non-numeric port
+    except ValueError:
+        raise ConfigError(f"malformed backend URL {url!r}: bad port") from None
+    if not parsed.path.endswith("/v1"):
+        raise ConfigError(f"backend URL {url!r} must end in /v1 (an OpenAI-compatible base URL)")
+    return u
+
+
+def backends_from_env() -> list[str]:
+    raw = os.environ.get("HANDBOOK_BACKENDS", "")
+    return [u.strip() for u in raw.split(",") if u.strip()]
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job file; unknown keys and syntax errors become one-line ConfigErrors with their line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read job file {p}: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"invalid TOML in {p}: {e}") from None
+    for key in data:
+        if key not in JOB_KEYS:
+            line = _line_of_key(text, key)
+            where = f" (line {line})" if line else ""
+            raise ConfigError(f"unknown key {key!r} in {p}{where}; known keys: {', '.join(sorted(JOB_KEYS))}")
+    return data
+
+
+def _line_of_key(text: str, key: str) -> int | None:
+    pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+    for i, line in enumerate(text.splitlines(), 1):
+        if pat.match(line):
+            return i
+    return None
+
+
+def settings_from(values: dict[str, Any], base: Settings | None = None) -> Settings:
+    """Build Settings from a mapping of known names (preset, job file and flags merged by the caller)."""
+    known = {k: v for k, v in values.items() if k in SETTING_NAMES and v is not None}
+    if "formats" in known and isinstance(known["formats"], str):
+        known["formats"] = tuple(x.strip() for x in known["formats"].split(",") if x.strip())
+    elif "formats" in known:
+        known["formats"] = tuple(known["formats"])
+    try:
+        return replace(base or Settings(), **known)
+    except TypeError as e:  # a wrongly typed value from TOML
+        raise ConfigError(f"bad setting: {e}") from None
+
+
+def slugify(text: str, limit: int = 60) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:limit].rstrip("-") or "book"

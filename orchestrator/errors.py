@@ -1,0 +1,44 @@
+"""Our error types. Each carries the CLI exit code it maps to (see DESIGN: 1 failed, 2 bad input, 3 no backend).
+
+Library and HTTP errors are translated into these in exactly one place (client.py); everything above the client
+only ever sees these or plain values.
+"""
+
+from __future__ import annotations
+
+
+class HandbookError(Exception):
+    """Base class: a one-line, user-facing message and an exit code."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(self.message.split())
+
+
+class ConfigError(HandbookError):
+    """Bad input or configuration: flags, job files, output directories."""
+
+    exit_code = 2
+
+
+class BackendError(HandbookError):
+    """No backend reachable, or a backend that is not what it claims to be."""
+
+    exit_code = 3
+
+
+class PlanError(HandbookError):
+    """The outline could not be obtained: a node's replies stayed unusable after every attempt."""
+
+    exit_code = 1
+
+
+class Interrupted(HandbookError):
+    """The user stopped the job (Ctrl-C); what exists was written."""
+
+    exit_code = 130

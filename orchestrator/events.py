@@ -1,0 +1,129 @@
+"""The one stream of events a job emits.
+
+The terminal progress, the live feed, the journal and the final report all consume these same values through an
+``on_event`` callback. Events are emitted from the job's event loop; a consumer must be quick and must not block
+(the feed coalesces, the journal batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import Reply
+    from .outline import Outline
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    prompt: str
+    backends: tuple[str, ...]
+    settings: dict[str, Any]
+    t: float
+
+
+@dataclass(frozen=True)
+class NodeStarted:
+    """An attempt at a node began on a backend (kind: book, part, chapter, section)."""
+
+    path: str
+    kind: str
+    title: str
+    backend: str
+    attempt: int
+    t: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of streamed text of a node's current attempt. Only emitted when a consumer asks for deltas."""
+
+    path: str
+    text: str
+    t: float
+
+
+@dataclass(frozen=True)
+class NodeFinished:
+    """A node's reply was accepted."""
+
+    path: str
+    kind: str
+    title: str
+    reply: Reply
+    t: float
+
+
+@dataclass(frozen=True)
+class NodeFailed:
+    """An attempt failed. ``final`` is True when no attempt is left: the node is lost for this run."""
+
+    path: str
+    kind: str
+    title: str
+    backend: str
+    attempt: int
+    error: str
+    final: bool
+    t: float
+
+
+@dataclass(frozen=True)
+class LevelPlanned:
+    """Every node of a planning level is known (level 1: parts, 2: chapters, 3: sections)."""
+
+    level: int
+    nodes: int
+    t: float
+
+
+@dataclass(frozen=True)
+class OutlineReady:
+    outline: Outline
+    t: float
+
+
+@dataclass(frozen=True)
+class BackendState:
+    """A backend left or rejoined the rotation."""
+
+    url: str
+    healthy: bool
+    reason: str
+    t: float
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One sampling round of every backend's /metrics (server-counted, never client-timed).
+
+    ``tokens`` is the summed generation-token counter; ``rate_tok_s`` the summed rate over the last second;
+    ``per_backend`` maps url -> {"tokens", "running", "waiting"} (values None where a server lacks them).
+    """
+
+    t: float
+    tokens: float | None
+    rate_tok_s: float | None
+    per_backend: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    stats: dict[str, Any]
+    complete: bool
+    t: float
+
+
+Event = (
+    JobStarted
+    | NodeStarted
+    | Delta
+    | NodeFinished
+    | NodeFailed
+    | LevelPlanned
+    | OutlineReady
+    | BackendState
+    | MetricsSample
+    | JobFinished
+)
