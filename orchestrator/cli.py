@@ -1,0 +1,40 @@
+"""`handbook` and its subcommands. Maps our errors to one-line messages and exit codes.
+
+Subcommands live in their own modules, each with ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import HandbookError
+
+SUBCOMMANDS = {
+    "sim": ("orchestrator.sim.cli", "start N simulated GPU servers (vLLM-like) on 127.0.0.1"),
+    "bench": ("orchestrator.bench", "throughput ladder against servers, read from their counters"),
+    "typeset": ("orchestrator.typeset", "typeset existing Markdown into an A5 PDF"),
+    "engine": ("orchestrator.engine", "start, stop or inspect the embedded local engine"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            module_name, help_text = SUBCOMMANDS[argv[0]]
+            module = importlib.import_module(module_name)
+            parser = argparse.ArgumentParser(prog=f"handbook {argv[0]}", description=help_text)
+            module.add_arguments(parser)
+            args = parser.parse_args(argv[1:])
+            return int(module.run(args) or 0)
+        from .job_cli import run_job_cli
+
+        return run_job_cli(argv)
+    except HandbookError as e:
+        print(f"handbook: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("handbook: interrupted", file=sys.stderr)
+        return 130
