@@ -1,0 +1,300 @@
+"""The bench's load and its measurement: N streams per backend, kept full, read from the servers' counters.
+
+One level of the ladder (:func:`measure_level`):
+
+1. Every backend gets N streaming chat requests at once, all clients on the same absolute start time. Each stream
+   starts a new, distinct request (a numbered prompt, so no two share a prefix) the moment its previous one ends:
+   N requests stay in flight per backend for the whole level. ``max_tokens`` (512), temperature 0, thinking off.
+2. Ramp-up is excluded: the window opens once every stream has had its first token *and* at least ``ramp``
+   seconds have passed since the level began; it lasts ``window`` seconds.
+3. The one :class:`~orchestrator.metrics.MetricsSampler` of the bench samples every backend's /metrics every
+   0.5 s on one absolute schedule throughout; the window's figures come from
+   :func:`~orchestrator.metrics.server_counted` (interpolated, summed, best second a simultaneous peak).
+4. The load is cancelled (its connections closed, so the servers abort the requests) and the bench waits for the
+   servers to drain before the next level.
+
+When no server exposes ``vllm:generation_tokens_total`` the level falls back to a client-side estimate (each
+request's usage spread evenly between its first token and its end), labelled ``client-estimate``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import anyio
+import orjson
+
+from .errors import BackendError
+from .metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
+
+PROMPT = (
+    "{n}. Request number {n} of a throughput benchmark. Write a long, detailed technical article of about "
+    "1500 words on software engineering topic number {n}: explain every idea step by step, with examples "
+    "and code. Do not stop early."
+)
+
+
+@dataclass
+class LoadStats:
+    """What the clients saw during one level (client side: only TTFT and the fallback estimate use it)."""
+
+    streams_total: int
+    first_seen: set[tuple[int, int]] = field(default_factory=set)
+    all_first: anyio.Event = field(default_factory=anyio.Event)
+    ttft_s: list[tuple[float, float]] = field(default_factory=list)  # (t_send, ttft)
+    spans: list[tuple[float, float, float]] = field(default_factory=list)  # (t_first, t_end, tokens)
+    chunk_spans: list[tuple[float, float, int]] = field(default_factory=list)  # cut requests: chunks only
+    tokens_per_chunk: list[float] = field(default_factory=list)
+    completed: int = 0
+    errors: int = 0
+    last_error: str | None = None
+
+    def saw_first(self, stream: tuple[int, int]) -> None:
+        if stream not in self.first_seen:
+            self.first_seen.add(stream)
+            if len(self.first_seen) >= self.streams_total:
+                self.all_first.set()
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str  # base URL ending in /v1
+    model: str
+    api_key: str
+
+
+async def _stream_once(
+    session: aiohttp.ClientSession,
+    target: Target,
+    n: int,
+    max_tokens: int,
+    stream: tuple[int, int],
+    stats: LoadStats,
+) -> None:
+    body = orjson.dumps(
+        {
+            "model": target.model,
+            "messages": [{"role": "user", "content": PROMPT.format(n=n)}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.api_key}"}
+    t_send = time.monotonic()
+    t_first: float | None = None
+    chunks = 0
+    usage_tokens: float | None = None
+    try:
+        async with session.post(target.url + "/chat/completions", data=body, headers=headers) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200]
+                raise _RequestError(f"HTTP {resp.status}: {' '.join(text.split())}")
+            async for raw in resp.content:
+                if not raw.startswith(b"data:"):
+                    continue
+                payload = raw[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                if b'"completion_tokens"' in payload:
+                    u = orjson.loads(payload).get("usage") or {}
+                    if u.get("completion_tokens") is not None:
+                        usage_tokens = float(u["completion_tokens"])
+                        continue
+                if t_first is None:
+                    choices = orjson.loads(payload).get("choices") or []
+                    delta = (choices[0].get("delta") or {}) if choices else {}
+                    if not (delta.get("content") or delta.get("reasoning_content")):
+                        continue
+                    t_first = time.monotonic()
+                    stats.ttft_s.append((t_send, t_first - t_send))
+                    stats.saw_first(stream)
+                chunks += 1
+    finally:
+        # also on cancellation at the window's end: keep what this request produced for the fallback estimate
+        t_end = time.monotonic()
+        if t_first is not None:
+            if usage_tokens is not None:
+                stats.spans.append((t_first, t_end, usage_tokens))
+                if chunks:
+                    stats.tokens_per_chunk.append(usage_tokens / chunks)
+            elif chunks:
+                stats.chunk_spans.append((t_first, t_end, chunks))
+    if usage_tokens is None and t_first is None:
+        raise _RequestError("the stream ended without any content")
+    stats.completed += 1
+
+
+class _RequestError(Exception):
+    pass
+
+
+async def _stream_worker(
+    session: aiohttp.ClientSession,
+    target: Target,
+    numbers: itertools.count,
+    max_tokens: int,
+    stream: tuple[int, int],
+    stats: LoadStats,
+) -> None:
+    while True:
+        try:
+            await _stream_once(session, target, next(numbers), max_tokens, stream, stats)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, _RequestError) as e:
+            stats.errors += 1
+            stats.last_error = f"{target.url}: {type(e).__name__}: {e}".rstrip(": ")
+            await anyio.sleep(0.2)  # a failing server is not hammered in a tight loop
+
+
+def _median_gauge(points: Sequence[Point], t0: float, t1: float, index: int) -> float | None:
+    vals = [p[index] for p in points if t0 <= p[0] <= t1 and p[index] is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
+def _client_estimate_series(stats: LoadStats) -> dict[str, list[Point]]:
+    """A cumulative token curve from the clients: each request's tokens spread evenly over its stream."""
+    tpc = statistics.median(stats.tokens_per_chunk) if stats.tokens_per_chunk else 1.0
+    spans = list(stats.spans) + [(a, b, c * tpc) for a, b, c in stats.chunk_spans]
+    if not spans:
+        return {}
+    t_lo = min(s[0] for s in spans)
+    t_hi = max(s[1] for s in spans)
+    step = 0.1
+    points: list[Point] = []
+    k = 0
+    while True:
+        t = min(t_lo + k * step, t_hi)
+        total = 0.0
+        for a, b, tok in spans:
+            if t >= b:
+                total += tok
+            elif t > a:
+                total += tok * (t - a) / (b - a)
+        points.append((t, total, None, None))
+        if t >= t_hi:
+            break
+        k += 1
+    return {"client": points}
+
+
+async def measure_level(
+    *,
+    targets: Sequence[Target],
+    streams: int,
+    window: float,
+    ramp: float,
+    max_tokens: int,
+    sampler: MetricsSampler,
+    numbers: itertools.count,
+    ramp_timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Run one level and return its figures (the ``ladder.json`` level keys plus a few extra ones)."""
+    k = len(targets)
+    stats = LoadStats(streams_total=streams * k)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=max(120.0, 4 * window))
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with anyio.create_task_group() as tg:
+            t_level = time.monotonic()
+            for bi, target in enumerate(targets):
+                for si in range(streams):
+                    tg.start_soon(_stream_worker, session, target, numbers, max_tokens, (bi, si), stats)
+            with anyio.move_on_after(ramp_timeout):
+                await stats.all_first.wait()
+            if not stats.all_first.is_set():
+                tg.cancel_scope.cancel()
+                raise BackendError(
+                    f"at {streams} streams per backend only {len(stats.first_seen)} of {streams * k} streams "
+                    f"got a first token within {ramp_timeout:.0f} s"
+                    + (f" (last error: {stats.last_error})" if stats.last_error else "")
+                )
+            t0 = max(time.monotonic(), t_level + ramp)
+            await anyio.sleep(t0 - time.monotonic() + window)
+            t1 = time.monotonic()
+            # the window's end must be bracketed by a sample of every server before the load stops
+            await _sample_after(sampler, t1)
+            tg.cancel_scope.cancel()
+
+    figures = server_counted(sampler.series, t0, t1, GENERATION_METRIC)
+    if figures is None:
+        figures = server_counted(_client_estimate_series(stats), t0, t1, "client-estimate")
+    if figures is None:
+        raise BackendError(
+            f"no tokens measured at {streams} streams per backend"
+            + (f" (last error: {stats.last_error})" if stats.last_error else "")
+        )
+    sustained = figures["sustained_tok_s"]
+    best = figures["best_second_tok_s"]
+    running: float | None = None
+    waiting: float | None = None
+    for target in targets:
+        r = _median_gauge(sampler.series.get(target.url, []), t0, t1, 2)
+        w = _median_gauge(sampler.series.get(target.url, []), t0, t1, 3)
+        if r is not None:
+            running = (running or 0.0) + r
+        if w is not None:
+            waiting = (waiting or 0.0) + w
+    ttfts = [ttft for t_send, ttft in stats.ttft_s if t_send <= t1]
+    per_stream = sustained / (streams * k) if sustained > 0 else 0.0
+    return {
+        "streams": streams,
+        "sustained_tok_s": round(sustained, 1),
+        "best_second_tok_s": round(best, 1),
+        "per_stream_tok_s": round(per_stream, 2),
+        "step_ms": round(1000.0 / per_stream, 3) if per_stream > 0 else None,
+        "ttft_median_ms": round(1000.0 * statistics.median(ttfts), 1) if ttfts else None,
+        "running": running,
+        "waiting": waiting,
+        "held": not (waiting is not None and waiting > 0),
+        "window_s": round(t1 - t0, 3),
+        "requests_completed": stats.completed,
+        "request_errors": stats.errors,
+        "metric": figures["metric"],
+    }
+
+
+async def _sample_after(sampler: MetricsSampler, t: float, limit: float = 5.0) -> None:
+    """Wait until the running sampler has finished a round that started after ``t`` (bounded)."""
+    deadline = time.monotonic() + limit
+    rounds = sampler.rounds
+    while time.monotonic() < deadline:
+        latest = sampler.latest
+        if latest is not None and sampler.rounds > rounds and latest.t > t + 0.01:
+            # a round that ended after t may have started before it; one more makes sure
+            if sampler.rounds >= rounds + 2 or latest.t - t > sampler.interval:
+                return
+        await anyio.sleep(0.02)
+
+
+async def wait_drained(sampler: MetricsSampler, urls: Sequence[str], limit: float = 60.0) -> bool:
+    """Wait until every server's gauges say nothing runs or waits (servers without gauges: a short pause)."""
+    deadline = time.monotonic() + limit
+    t_start = time.monotonic()
+    while time.monotonic() < deadline:
+        await anyio.sleep(sampler.interval / 2)
+        latest = sampler.latest
+        if latest is None or latest.t <= t_start:
+            continue
+        busy = False
+        known = False
+        for url in urls:
+            pb = latest.per_backend.get(url) or {}
+            r, w = pb.get("running"), pb.get("waiting")
+            if r is not None or w is not None:
+                known = True
+                if (r or 0) > 0 or (w or 0) > 0:
+                    busy = True
+        if not known:
+            await anyio.sleep(1.0)
+            return True
+        if not busy:
+            return True
+    return False

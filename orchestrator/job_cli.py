@@ -1,0 +1,178 @@
+"""`handbook PROMPT [options]`: the main job's flags, merged as defaults < preset < job file < flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from .config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
+from .errors import ConfigError
+
+SHAPE = ("parts", "chapters", "sections")
+LOCAL_DEFAULT_SHAPE = {"parts": 3, "chapters": 3, "sections": 4}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, our exit code, no usage dump
+        raise ConfigError(message)
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="handbook",
+        description="One prompt in, a book out: plan an outline, write every section in parallel over "
+        "OpenAI-compatible servers, assemble Markdown and an A5 PDF. Subcommands: sim, bench, typeset, engine.",
+    )
+    p.add_argument("prompt", nargs="?", help="what the book is about (may come from --preset or --config)")
+    p.add_argument("--backend", action="append", metavar="URL",
+                   help="OpenAI-compatible base URL ending in /v1; repeatable (default: $HANDBOOK_BACKENDS, "
+                   "else the embedded local engine)")
+    p.add_argument("--model", help="model name (default: the first model the backend lists)")
+    p.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY, else EMPTY); never printed")
+    p.add_argument("--cap", type=positive_int, help="in-flight cap per backend (default 256)")
+    p.add_argument("--parts", type=positive_int, help="parts in the book (default 8)")
+    p.add_argument("--chapters", type=positive_int, help="chapters per part (default 12)")
+    p.add_argument("--sections", type=positive_int, help="sections per chapter (default 16)")
+    p.add_argument("--words", type=positive_int, help="target words per section (default 250)")
+    p.add_argument("--max-tokens", type=positive_int, help="output-token cap per section request (default 520)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default 0)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="published-take: every setting of the reference run")
+    p.add_argument("--config", metavar="FILE.toml", help="a job file; flags override it")
+    p.add_argument("--out", metavar="DIR", help="output directory (default ./handbook-out/<slug of the prompt>)")
+    p.add_argument("--format", help="any of md,html,pdf (default md,pdf)")
+    p.add_argument("--feed", nargs="?", const=0, type=int, metavar="PORT",
+                   help="serve the live feed on 127.0.0.1 (a free port unless given) and print its address")
+    p.add_argument("--feed-linger", type=float, metavar="S",
+                   help="keep the feed up S seconds after the job (default: until Ctrl-C)")
+    p.add_argument("--fresh", action="store_true", help="ignore an existing journal in --out (default: resume)")
+    p.add_argument("--no-pipeline", action="store_true",
+                   help="plan strictly level by level before writing (the reference run's order)")
+    p.add_argument("--attempts", type=positive_int, help="attempts per request (default 8)")
+    p.add_argument("--first-token-timeout", type=float, metavar="S", help="seconds to wait for a first token")
+    p.add_argument("--chunk-timeout", type=float, metavar="S", help="seconds to wait between streamed chunks")
+    p.add_argument("--templates", metavar="DIR", help="a folder overriding the bundled templates")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    return p
+
+
+def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argparse.Namespace]:
+    """Flags -> (prompt, backends, settings, out, args). Raises ConfigError for anything wrong."""
+    args = parser().parse_args(argv)
+    values: dict[str, Any] = {}
+    preset = args.preset
+    job: dict[str, Any] = {}
+    if args.config:
+        job = load_job_file(args.config)
+        preset = preset or job.get("preset")
+    if preset:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        values.update(PRESETS[preset])
+    values.update({k: v for k, v in job.items() if k != "preset"})
+    flag_map = {
+        "model": args.model, "api_key": args.api_key, "cap": args.cap, "parts": args.parts,
+        "chapters": args.chapters, "sections": args.sections, "words": args.words,
+        "max_tokens": args.max_tokens, "temperature": args.temperature, "attempts": args.attempts,
+        "first_token_timeout_s": args.first_token_timeout, "chunk_timeout_s": args.chunk_timeout,
+        "templates": args.templates, "out": args.out,
+    }
+    values.update({k: v for k, v in flag_map.items() if v is not None})
+    if args.format:
+        values["formats"] = args.format
+    elif "format" in values:
+        values["formats"] = values.pop("format")
+    if args.no_pipeline:
+        values["pipeline"] = False
+    if args.prompt is not None:
+        values["prompt"] = args.prompt
+    prompt = values.get("prompt")
+    if prompt is None or not str(prompt).strip():
+        raise ConfigError("the prompt is empty: say what the book should be about, e.g. "
+                          "handbook \"Write me a complete software engineering handbook\"")
+    if "api_key" not in values and os.environ.get("OPENAI_API_KEY"):
+        values["api_key"] = os.environ["OPENAI_API_KEY"]
+
+    urls: list[Any] = list(args.backend or [])
+    if not urls:
+        raw = values.get("backends", values.get("backend"))
+        if isinstance(raw, str):
+            urls = [raw]
+        elif isinstance(raw, list):
+            urls = raw
+    if not urls:
+        urls = backends_from_env()
+    cap = values.get("cap", 256)
+    backends = []
+    for u in urls:
+        if isinstance(u, dict):
+            unknown = set(u) - {"url", "cap", "model"}
+            if unknown or "url" not in u:
+                raise ConfigError(f"a backend entry takes url, cap and model; got {sorted(u)}")
+            backends.append(Backend(u["url"], cap=u.get("cap", cap), model=u.get("model")))
+        else:
+            backends.append(Backend(str(u), cap=cap))
+    if not backends and not any(k in values for k in SHAPE):
+        values.update(LOCAL_DEFAULT_SHAPE)
+        print(
+            "handbook: no backend given: using the embedded local engine with a small book "
+            "(3 parts x 3 chapters x 4 sections); ask for more with --parts/--chapters/--sections",
+            file=sys.stderr,
+        )
+    settings = settings_from(values)
+    return str(prompt), backends, settings, values.get("out"), args
+
+
+def run_job_cli(argv: list[str]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .report import ROW_COLUMNS, row_cells
+    from .run import agenerate
+
+    logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
+    prompt, backends, settings, out, args = resolve(argv)
+    consumers: list[Any] = []
+    result = anyio.run(_run_with_displays, prompt, backends, settings, out, args, consumers)
+
+    console = Console()
+    table = Table(title="handbook", show_lines=False)
+    for name, _ in ROW_COLUMNS:
+        table.add_column(name, justify="right")
+    table.add_row(*row_cells(result.stats))
+    console.print(table)
+    sc = result.stats.get("server_counted")
+    if sc:
+        console.print(
+            f"server-counted while writing: {sc['sustained_tok_s']:,.0f} tok/s sustained, "
+            f"best second {sc['best_second_tok_s'] or 0:,.0f} tok/s ({sc['metric']})"
+        )
+    for key, path in result.paths.items():
+        console.print(f"{key:>10}: {path}")
+    if not result.complete:
+        print(f"handbook: {len(result.failed_sections)} section(s) failed or came back empty:", file=sys.stderr)
+        refs = {r.path: r.title for r in result.outline.sections()}
+        for path in result.failed_sections:
+            print(f"  {path} {refs.get(path, '')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run_with_displays(prompt, backends, settings, out, args, consumers):
+    from .run import agenerate
+
+    return await agenerate(prompt, backends, settings, out, on_event=consumers or None)

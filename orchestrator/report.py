@@ -1,0 +1,112 @@
+"""Pure: what a job did -> Stats (the reference run's Table 5 row and more), and the row as text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .assemble import Book
+from .client import Reply
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """Everything the report needs, gathered by the runner. Times are time.monotonic() values."""
+
+    backends: tuple[str, ...]
+    plan_levels: tuple[int, ...]
+    book: Book
+    replies: tuple[tuple[str, Reply], ...]  # (kind, reply) for every attempt this run made
+    t_start: float
+    t_titles_known: float
+    t_write_start: float | None
+    t_write_end: float | None
+    t_end: float
+    resumed_sections: int = 0
+    server_counted: dict[str, Any] | None = None
+    typeset_s: float | None = None
+    pdf_pages: int | None = None
+
+
+def build_stats(rec: JobRecord) -> dict[str, Any]:
+    book = rec.book
+    words = book.words
+    sections = len(book.sections)
+    section_replies = [r for k, r in rec.replies if k == "section"]
+    plan_replies = [r for k, r in rec.replies if k != "section"]
+    section_tokens = sum(r.completion_tokens for r in section_replies)
+    tokens = sum(r.completion_tokens for _, r in rec.replies)
+    write_s = (
+        rec.t_write_end - rec.t_write_start
+        if rec.t_write_start is not None and rec.t_write_end is not None
+        else 0.0
+    )
+    per_backend = []
+    for url in rec.backends:
+        mine = [r for _, r in rec.replies if r.backend == url]
+        per_backend.append(
+            {
+                "url": url,
+                "sections": sum(1 for r in section_replies if r.backend == url and r.ok),
+                "tokens": sum(r.completion_tokens for r in mine),
+                "errors": sum(1 for r in mine if not r.ok),
+            }
+        )
+    failed = [s.path for s in book.sections if s.failed]
+    empty = [s.path for s in book.sections if s.empty]
+    truncated = [s.path for s in book.sections if s.finish_reason == "length"]
+    return {
+        "cards": len(rec.backends),
+        "plan": list(rec.plan_levels),
+        "sections": sections,
+        "plan_time_s": round(rec.t_titles_known - rec.t_start, 3),
+        "tokens_written": tokens,
+        "section_tokens": section_tokens,
+        "write_time_s": round(write_s, 3),
+        "avg_tok_s_writing": round(section_tokens / write_s, 1) if write_s > 0 else 0.0,
+        "whole_job_s": round(rec.t_end - rec.t_start, 3),
+        "words": words,
+        "pages_at_300_words": round(words / 300),
+        "typeset_s": None if rec.typeset_s is None else round(rec.typeset_s, 2),
+        "pdf_pages": rec.pdf_pages,
+        "requests": len(rec.replies),
+        "planning_requests": len(plan_replies),
+        "request_errors": sum(1 for _, r in rec.replies if not r.ok),
+        "failed_sections": len(failed),
+        "empty_sections": len(empty),
+        "truncated_sections": len(truncated),
+        "resumed_sections": rec.resumed_sections,
+        "server_counted": rec.server_counted,
+        "per_backend": per_backend,
+        "failed_section_paths": failed,
+    }
+
+
+ROW_COLUMNS: Sequence[tuple[str, str]] = (
+    ("cards", "cards"),
+    ("plan", "plan"),
+    ("sections", "sections"),
+    ("plan s", "plan_time_s"),
+    ("tokens written", "tokens_written"),
+    ("write s", "write_time_s"),
+    ("avg tok/s writing", "avg_tok_s_writing"),
+    ("whole job s", "whole_job_s"),
+    ("words", "words"),
+    ("pages at 300 words", "pages_at_300_words"),
+)
+
+
+def row_cells(stats: dict[str, Any]) -> list[str]:
+    cells = []
+    for _, key in ROW_COLUMNS:
+        v = stats.get(key)
+        if key == "plan":
+            cells.append(" -> ".join(str(x) for x in v))
+        elif isinstance(v, float):
+            cells.append(f"{v:,.2f}")
+        elif isinstance(v, int):
+            cells.append(f"{v:,}")
+        else:
+            cells.append(str(v))
+    return cells
