@@ -1,0 +1,428 @@
+"""One simulated card: an aiohttp server speaking the OpenAI API (as vLLM does) over one :class:`Engine`.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (streaming or not), ``GET /metrics`` (Prometheus
+text with vLLM's metric names), ``GET /health``, ``GET /sim/stats`` and ``POST /sim/reset_max``.
+
+Per-chunk cost is kept low: chunk JSON is assembled from pre-serialised bytes around ``orjson.dumps(content)``
+and written straight to the response. Fault injection (500, 429, empty answers, cut streams, hangs, going down)
+is decided per request from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from . import text as simtext
+from .engine import TTFT_BUCKETS, Engine, EngineConfig, Stream
+
+FAULT_KINDS = ("fail", "rate_limit", "empty", "drop", "hang")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one card needs. ``engine`` holds the engine model; the rest is API behaviour and faults."""
+
+    model: str = "sim-qwen3"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    json_schema: bool = True
+    max_model_len: int = 32768
+    fail_rate: float = 0.0
+    rate_limit_rate: float = 0.0
+    empty_rate: float = 0.0
+    drop_rate: float = 0.0
+    hang_rate: float = 0.0
+    retry_after: float = 1.0
+    down_after: float | None = None
+    down_for: float | None = None
+    down_cards: tuple[int, ...] | None = None  # cards --down-after applies to (None: all)
+    fault_seed: int | None = None
+    seed: int | None = None
+
+    def fault_rates(self) -> tuple[float, ...]:
+        return (self.fail_rate, self.rate_limit_rate, self.empty_rate, self.drop_rate, self.hang_rate)
+
+
+def _err(status: int, message: str, etype: str, headers: dict | None = None) -> web.Response:
+    body = orjson.dumps({"error": {"message": message, "type": etype, "param": None, "code": status},
+                         "object": "error", "message": message, "type": etype, "code": status})
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+class _Collector:
+    """Reads the card's plain integers at scrape time: nothing on the hot path touches prometheus_client."""
+
+    def __init__(self, card: Card):
+        self.card = card
+
+    def collect(self):
+        c = self.card
+        e = c.engine
+        labels = ["model_name"]
+        val = [c.cfg.model]
+        g = CounterMetricFamily("vllm:generation_tokens", "Number of generation tokens processed.", labels=labels)
+        g.add_metric(val, float(e.generation_tokens))
+        yield g
+        p = CounterMetricFamily("vllm:prompt_tokens", "Number of prefill tokens processed.", labels=labels)
+        p.add_metric(val, float(e.prompt_tokens))
+        yield p
+        r = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches.",
+                              labels=labels)
+        r.add_metric(val, float(e.running))
+        yield r
+        w = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                              labels=labels)
+        w.add_metric(val, float(e.num_waiting))
+        yield w
+        kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                               labels=labels)
+        kv.add_metric(val, e.kv_used / e.cfg.kv_tokens if e.cfg.kv_tokens else 0.0)
+        yield kv
+        s = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                labels=["model_name", "finished_reason"])
+        s.add_metric([c.cfg.model, "stop"], float(c.finished["stop"]))
+        s.add_metric([c.cfg.model, "length"], float(c.finished["length"]))
+        yield s
+        h = HistogramMetricFamily("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                  labels=labels)
+        acc = 0
+        buckets = []
+        for b, n in zip(TTFT_BUCKETS, e.ttft_counts):
+            acc += n
+            buckets.append((repr(float(b)), float(acc)))
+        buckets.append(("+Inf", float(e.ttft_n)))
+        h.add_metric(val, buckets, e.ttft_sum)
+        yield h
+
+
+class Card:
+    """One simulated GPU server on ``host:port``."""
+
+    def __init__(self, index: int, port: int, cfg: SimConfig, host: str = "127.0.0.1"):
+        self.index = index
+        self.port = port
+        self.host = host
+        self.cfg = cfg
+        self.engine = Engine(cfg.engine)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        base = cfg.fault_seed if cfg.fault_seed is not None else random.SystemRandom().randrange(2**62)
+        self._fault_rng = random.Random(base * 1_000_003 + index)
+        self._model_json = orjson.dumps(cfg.model)
+        self.requests = 0
+        self.completed = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.faults = dict.fromkeys(FAULT_KINDS, 0)
+        self.finished = {"stop": 0, "length": 0}
+        self.completion_tokens = 0  # as reported in usage of completed requests
+        self.down = False
+        self.down_count = 0
+        self._active: dict[int, web.BaseRequest] = {}
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._timers: list[asyncio.Task] = []
+        self._t0 = time.monotonic()
+        self._created = int(time.time())
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/sim/stats", self.stats_handler)
+        app.router.add_post("/sim/reset_max", self.reset_max)
+        return app
+
+    async def start(self) -> str:
+        self.engine.start()
+        self._runner = web.AppRunner(self.make_app(), access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=0.5, keepalive_timeout=75.0)
+        await self._runner.setup()
+        await self._listen()
+        self._t0 = time.monotonic()
+        cfg = self.cfg
+        if cfg.down_after is not None and (cfg.down_cards is None or self.index in cfg.down_cards):
+            self._timers.append(asyncio.get_running_loop().create_task(self._down_timer()))
+        return self.url
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True)
+        await self._site.start()
+
+    async def stop(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self._abort_all()
+        await self.engine.close()
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await self._runner.cleanup()
+
+    async def _down_timer(self) -> None:
+        cfg = self.cfg
+        await asyncio.sleep(cfg.down_after)
+        await self.go_down()
+        if cfg.down_for is not None:
+            await asyncio.sleep(cfg.down_for)
+            await self.come_up()
+
+    async def go_down(self) -> None:
+        """Stop listening and drop every connection, in flight or idle."""
+        self.down = True
+        self.down_count += 1
+        if self._site is not None:
+            with contextlib.suppress(Exception):
+                await self._site.stop()
+            self._site = None
+        self._abort_all()
+        self.engine.drop_all()
+
+    async def come_up(self) -> None:
+        self.down = False
+        await self._listen()
+
+    def _abort_all(self) -> None:
+        for req in list(self._active.values()):
+            tr = req.transport
+            if tr is not None:
+                tr.abort()
+        self._active.clear()
+        if self._runner is not None and self._runner.server is not None:
+            for conn in list(self._runner.server.connections):
+                tr = conn.transport
+                if tr is not None:
+                    tr.abort()
+
+    # -- small endpoints --------------------------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        body = {"object": "list", "data": [{
+            "id": self.cfg.model, "object": "model", "created": self._created, "owned_by": "vllm",
+            "root": self.cfg.model, "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}]}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def stats(self) -> dict:
+        e = self.engine
+        cfg = asdict(self.cfg)
+        return {
+            "card": self.index, "url": self.url, "model": self.cfg.model,
+            "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
+            "requests": self.requests, "completed": self.completed,
+            "generation_tokens": e.generation_tokens, "prompt_tokens": e.prompt_tokens,
+            "completion_tokens_reported": self.completion_tokens,
+            "running": e.running, "waiting": e.num_waiting, "kv_used": e.kv_used,
+            "finished": dict(self.finished), "faults": dict(self.faults),
+            "steps": e.steps, "busy_s": e.busy_s, "late_s": e.late_s, "resyncs": e.resyncs,
+            "uptime_s": time.monotonic() - self._t0, "time_scale": self.cfg.engine.time_scale,
+            "down": self.down, "down_count": self.down_count, "config": cfg,
+        }
+
+    async def stats_handler(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
+
+    async def reset_max(self, request: web.Request) -> web.Response:
+        self.max_in_flight = self.in_flight
+        return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
+
+    # -- chat completions -------------------------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        self.in_flight += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+        self._active[id(request)] = request
+        try:
+            return await self._chat(request)
+        finally:
+            self.in_flight -= 1
+            self._active.pop(id(request), None)
+
+    def _draw_fault(self) -> str | None:
+        rates = self.cfg.fault_rates()
+        if not any(rates):
+            return None
+        u = self._fault_rng.random()
+        acc = 0.0
+        for kind, r in zip(FAULT_KINDS, rates):
+            acc += r
+            if u < acc:
+                return kind
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        cfg = self.cfg
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _err(400, "request body is not valid JSON", "BadRequestError")
+        if not isinstance(body, dict):
+            return _err(400, "request body must be a JSON object", "BadRequestError")
+        model = body.get("model")
+        if model is not None and model != cfg.model:
+            return _err(404, f"The model `{model}` does not exist.", "NotFoundError")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _err(400, "messages must be a non-empty list", "BadRequestError")
+        rf = body.get("response_format")
+        if rf is not None and not isinstance(rf, dict):
+            return _err(400, "response_format must be an object", "BadRequestError")
+        if not cfg.json_schema and isinstance(rf, dict) and rf.get("type") == "json_schema":
+            return _err(400, "response_format json_schema is not supported by this server", "BadRequestError")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            return _err(400, "max_tokens must be a positive integer", "BadRequestError")
+        prompt_tokens = simtext.count_prompt_tokens(messages)
+        if max_tokens is None:
+            max_tokens = max(1, cfg.max_model_len - prompt_tokens)
+        elif prompt_tokens + max_tokens > cfg.max_model_len:
+            return _err(400, f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+                             f"{max_tokens} in the completion).", "BadRequestError")
+        stream = bool(body.get("stream", False))
+        so = body.get("stream_options")
+        include_usage = bool(stream and isinstance(so, dict) and so.get("include_usage"))
+
+        fault = self._draw_fault()
+        if fault is not None:
+            self.faults[fault] += 1
+        if fault == "fail":
+            return _err(500, "simulated internal server error", "InternalServerError")
+        if fault == "rate_limit":
+            ra = cfg.retry_after
+            ra_s = str(int(ra)) if float(ra).is_integer() else f"{ra:g}"
+            return _err(429, "simulated rate limit: too many requests", "RateLimitError",
+                        headers={"Retry-After": ra_s})
+        if fault == "hang":
+            await asyncio.get_running_loop().create_future()  # until the client (or the card) goes away
+
+        answer = simtext.answer(cfg.model, body)
+        pieces = answer.pieces
+        if fault == "empty":
+            pieces = ()
+            n, finish = 0, "stop"
+        else:
+            n = min(len(pieces), max_tokens)
+            finish = "length" if len(pieces) > max_tokens else "stop"
+            if n == 0:
+                finish = "stop"
+        drop_at = None
+        if fault == "drop":
+            drop_at = self._fault_rng.randint(1, max(1, n - 1)) if n > 1 else 1
+
+        rid = "chatcmpl-" + uuid.uuid4().hex
+        created = int(time.time())
+        s: Stream | None = None
+        if n > 0:
+            s = Stream(prompt_tokens, n)
+            self.engine.submit(s)
+        try:
+            if stream:
+                return await self._stream(request, s, pieces, n, finish, rid, created, prompt_tokens,
+                                          include_usage, drop_at)
+            return await self._whole(request, s, pieces, n, finish, rid, created, prompt_tokens, drop_at)
+        finally:
+            if s is not None and not s.done:
+                self.engine.cancel(s)
+
+    def _finish(self, finish: str, n: int) -> None:
+        self.completed += 1
+        self.finished[finish] += 1
+        self.completion_tokens += n
+
+    def _cut(self, request: web.Request) -> None:
+        tr = request.transport
+        if tr is not None:
+            tr.abort()
+        raise asyncio.CancelledError  # the connection is gone; nothing more to send
+
+    async def _whole(self, request, s, pieces, n, finish, rid, created, prompt_tokens, drop_at):
+        if s is not None:
+            while not s.done:
+                if s.cancelled or (drop_at is not None and s.count >= drop_at):
+                    self._cut(request)
+                await s.wait()
+            if s.cancelled:
+                self._cut(request)
+        if drop_at is not None:
+            self._cut(request)
+        body = {
+            "id": rid, "object": "chat.completion", "created": created, "model": self.cfg.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(pieces[:n]),
+                                                 "reasoning_content": None, "tool_calls": []},
+                         "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
+                      "completion_tokens": n, "prompt_tokens_details": None},
+        }
+        self._finish(finish, n)
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _stream(self, request, s, pieces, n, finish, rid, created, prompt_tokens, include_usage, drop_at):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        pre = (b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
+               + str(created).encode() + b',"model":' + self._model_json + b',"choices":[{"index":0,"delta":')
+        mid = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        fin = b',"logprobs":null,"finish_reason":"' + finish.encode() + b'","stop_reason":null}]}\n\n'
+        write = resp.write
+        await write(pre + b'{"role":"assistant","content":""}' + mid)
+        sent = 0
+        if s is not None:
+            dumps = orjson.dumps
+            while True:
+                c = s.count
+                if c > sent:
+                    if drop_at is not None and c >= drop_at:
+                        await write(pre + b'{"content":' + dumps("".join(pieces[sent:drop_at])) + b"}" + mid)
+                        self._cut(request)
+                    content = "".join(pieces[sent:c])
+                    sent = c
+                    last = s.done and sent >= n
+                    await write(pre + b'{"content":' + dumps(content) + b"}" + (fin if last else mid))
+                    if last:
+                        break
+                    continue
+                if s.cancelled:
+                    self._cut(request)
+                await s.wait()
+        else:
+            await write(pre + b'{"content":""}' + fin)
+        if include_usage:
+            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
+            await write(b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
+                        + str(created).encode() + b',"model":' + self._model_json + b',"choices":[],"usage":'
+                        + orjson.dumps(usage) + b"}\n\n")
+        await write(b"data: [DONE]\n\n")
+        self._finish(finish, n)
+        await resp.write_eof()
+        return resp
+
+
+async def serve(cards: list[Card]) -> None:
+    """Start every card (raises OSError when a port is taken)."""
+    for c in cards:
+        await c.start()
