@@ -238,9 +238,12 @@ class MetricsSampler:
             self.last_error[url] = f"{type(e).__name__}: {e}".rstrip(": ")
             return None
         # the counters describe the server somewhere between send and receive: take the midpoint
-        self.series[url].append(
-            ((t_send + t_recv) / 2, counters.generation_tokens, counters.running, counters.waiting)
-        )
+        point: Point = ((t_send + t_recv) / 2, counters.generation_tokens, counters.running, counters.waiting)
+        points = self.series[url]
+        if points and point[0] < points[-1][0]:  # an overlapping sample_once() finished out of order
+            bisect.insort(points, point, key=lambda p: p[0])
+        else:
+            points.append(point)
         return counters
 
 
