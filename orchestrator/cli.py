@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import HandbookError
+from .errors import HandbookError, unwrap
 
 SUBCOMMANDS = {
     "sim": ("orchestrator.sim.cli", "start N simulated GPU servers (vLLM-like) on 127.0.0.1"),
@@ -32,6 +32,15 @@ def main(argv: list[str] | None = None) -> int:
         from .job_cli import run_job_cli
 
         return run_job_cli(argv)
+    except BaseExceptionGroup as group:
+        inner = unwrap(group)
+        if isinstance(inner, HandbookError):
+            print(f"handbook: error: {inner}", file=sys.stderr)
+            return inner.exit_code
+        if isinstance(inner, KeyboardInterrupt):
+            print("handbook: interrupted", file=sys.stderr)
+            return 130
+        raise
     except HandbookError as e:
         print(f"handbook: error: {e}", file=sys.stderr)
         return e.exit_code

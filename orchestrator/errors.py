@@ -42,3 +42,13 @@ class Interrupted(HandbookError):
     """The user stopped the job (Ctrl-C); what exists was written."""
 
     exit_code = 130
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The HandbookError inside an exception group raised by a task group, if there is one; else ``exc``."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = unwrap(inner)
+            if isinstance(found, HandbookError | KeyboardInterrupt):
+                return found
+    return exc

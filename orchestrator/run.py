@@ -20,7 +20,7 @@ from .assemble import Book, SectionText, assemble
 from .client import BackendClient, Reply, discover
 from .config import Backend, Settings, slugify
 from .dispatch import Dispatcher, Fleet
-from .errors import BackendError, ConfigError, HandbookError
+from .errors import BackendError, ConfigError, HandbookError, unwrap
 from .events import JobFinished, JobStarted, NodeFinished, OutlineReady
 from .outline import Outline, SectionRef
 from .plan import Planner
@@ -122,13 +122,19 @@ async def agenerate(
         consumers.extend(on_event)
     bus = _Bus(consumers)
 
-    if not backends:
-        from .engine import LocalEngine  # the embedded default: a real model on the CPU
+    try:
+        if not backends:
+            from .engine import LocalEngine  # the embedded default: a real model on the CPU
 
-        async with LocalEngine() as engine:
-            return await _job(prompt, [Backend(engine.url, cap=settings.cap)], settings, out_dir, bus)
-    bk = [b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends]
-    return await _job(prompt, bk, settings, out_dir, bus)
+            async with LocalEngine() as engine:
+                return await _job(prompt, [Backend(engine.url, cap=settings.cap)], settings, out_dir, bus)
+        bk = [b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends]
+        return await _job(prompt, bk, settings, out_dir, bus)
+    except BaseExceptionGroup as group:
+        inner = unwrap(group)
+        if inner is group:
+            raise
+        raise inner from None
 
 
 def generate(
