@@ -149,7 +149,7 @@ def run_job_cli(argv: list[str]) -> int:
     consumers: list[Any] = []
     result = anyio.run(_run_with_displays, prompt, backends, settings, out, args, consumers)
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
     for name, _ in ROW_COLUMNS:
         table.add_column(name, justify="right")
