@@ -138,16 +138,24 @@ def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argpa
 
 
 def run_job_cli(argv: list[str]) -> int:
+    logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
+    prompt, backends, settings, out, args = resolve(argv)
+    done: dict[str, int] = {}
+    try:
+        anyio.run(_run_with_displays, prompt, backends, settings, out, args, done)
+    except KeyboardInterrupt:
+        if "code" in done:  # the job had finished; Ctrl-C only closed the lingering feed
+            return done["code"]
+        raise
+    return done["code"]
+
+
+def report(result) -> int:
+    """Print the stats row, the outputs and any failed section; return the exit code."""
     from rich.console import Console
     from rich.table import Table
 
     from .report import ROW_COLUMNS, row_cells
-    from .run import agenerate
-
-    logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
-    prompt, backends, settings, out, args = resolve(argv)
-    consumers: list[Any] = []
-    result = anyio.run(_run_with_displays, prompt, backends, settings, out, args, consumers)
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
@@ -172,7 +180,33 @@ def run_job_cli(argv: list[str]) -> int:
     return 0
 
 
-async def _run_with_displays(prompt, backends, settings, out, args, consumers):
+async def _run_with_displays(prompt, backends, settings, out, args, done: dict[str, int]) -> None:
+    """Run the job with the terminal progress (unless --quiet) and, with --feed, the live browser feed;
+    print the report, then keep the feed up as asked."""
+    from contextlib import AsyncExitStack
+
     from .run import agenerate
 
-    return await agenerate(prompt, backends, settings, out, on_event=consumers or None)
+    consumers: list[Any] = []
+    async with AsyncExitStack() as stack:
+        if not args.quiet:
+            from .progress import Progress
+
+            consumers.append(stack.enter_context(Progress()))
+        feed = None
+        if args.feed is not None:
+            from .feed import Feed
+
+            feed = await stack.enter_async_context(
+                Feed(port=args.feed, linger=args.feed_linger, templates=settings.templates)
+            )
+            print(f"handbook: live feed at {feed.url}", file=sys.stderr, flush=True)
+            consumers.append(feed)
+        result = await agenerate(prompt, backends, settings, out, on_event=consumers or None)
+        if consumers and not args.quiet:
+            consumers[0].stop()
+        done["code"] = report(result)
+        if feed is not None:
+            if args.feed_linger is None:
+                print(f"handbook: the feed stays up at {feed.url} until Ctrl-C", file=sys.stderr, flush=True)
+            await feed.linger()
