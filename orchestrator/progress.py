@@ -15,9 +15,8 @@ refresh thread (terminal) or on a timer thread every ``plain_interval`` seconds 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlparse
 
 from rich.console import Console, Group
@@ -73,7 +72,10 @@ class JobState:
         self.t_last: float | None = None
         self.levels: dict[int, int] = {}
         self.plan_done = 0
+        self.planned: set[str] = set()  # planning nodes known to be done
+        self.inferred: list[str] = []  # planning nodes found done by inference during the last update()
         self.sections_total: int | None = None
+        self.sections_expected: int | None = None  # parts x chapters x sections asked for, until the outline says
         self.sections_done: set[str] = set()
         self.sections_failed: set[str] = set()
         self.nodes_failed: set[str] = set()
@@ -97,11 +99,14 @@ class JobState:
 
     # -- folding events -------------------------------------------------------------------------------------------
 
-    def update(self, event: Any) -> None:
+    def update(self, event: Any) -> list[str]:
+        """Fold one event in; returns the planning nodes this event showed to be done (see _parents_done)."""
         with self.lock:
+            self.inferred = []
             self._update(event)
+            return self.inferred
 
-    def _update(self, e: Any) -> None:  # noqa: C901 - one branch per event type, on purpose
+    def _update(self, e: Any) -> None:
         if isinstance(e, Delta):
             return
         t = getattr(e, "t", None)
@@ -111,16 +116,20 @@ class JobState:
             self.t_last = t if self.t_last is None else max(self.t_last, t)
         if isinstance(e, NodeStarted):
             self._end_attempt(e.path)
+            self._parents_done(e.path)
             self.active[e.path] = e.backend
             self.inflight[e.backend] = self.inflight.get(e.backend, 0) + 1
             self._know(e.backend)
         elif isinstance(e, NodeFinished):
             self._end_attempt(e.path)
-            self.tokens_written += max(0, int(e.reply.completion_tokens or 0))
             if e.kind == "section":
+                if e.path not in self.sections_done:
+                    self.tokens_written += max(0, int(e.reply.completion_tokens or 0))
                 self.sections_done.add(e.path)
                 self.sections_failed.discard(e.path)
-            else:
+            elif e.path not in self.planned:
+                self.planned.add(e.path)
+                self.tokens_written += max(0, int(e.reply.completion_tokens or 0))
                 self.plan_done += 1
         elif isinstance(e, NodeFailed):
             self._end_attempt(e.path)
@@ -153,20 +162,45 @@ class JobState:
         elif isinstance(e, OutlineReady):
             self.title = e.outline.title
             self.sections_total = e.outline.shape[2]
+            for path in [p for p in self.active if p.count(".") < 2]:  # every planning node is done by now
+                self._plan_node_done(path)
         elif isinstance(e, BackendState):
             self.health[e.url] = (e.healthy, e.reason)
         elif isinstance(e, JobStarted):
             self.prompt = e.prompt
             for url in e.backends:
                 self._know(url)
-            cap = e.settings.get("cap") if isinstance(e.settings, dict) else None
+            settings = e.settings if isinstance(e.settings, dict) else {}
+            cap = settings.get("cap")
             self.cap = cap if isinstance(cap, int) and cap > 0 else None
+            shape = [settings.get(k) for k in ("parts", "chapters", "sections")]
+            if all(isinstance(x, int) and x > 0 for x in shape):
+                self.sections_expected = shape[0] * shape[1] * shape[2]
         elif isinstance(e, JobFinished):
             self.finished = True
             self.complete = e.complete
             self.stats = dict(e.stats) if e.stats is not None else {}
             self.active.clear()
             self.inflight = {k: 0 for k in self.inflight}
+
+    def _parents_done(self, path: str) -> None:
+        """A node's request starts only once its parent's titles are known: the parent's attempt is over.
+
+        (Planning nodes may get no NodeFinished of their own; this keeps in-flight counts true regardless.)"""
+        if not path:
+            return
+        bits = path.split(".")
+        for depth in range(len(bits)):
+            parent = ".".join(bits[:depth])
+            if parent in self.active:
+                self._plan_node_done(parent)
+
+    def _plan_node_done(self, path: str) -> None:
+        self._end_attempt(path)
+        if path not in self.planned:
+            self.planned.add(path)
+            self.plan_done += 1
+            self.inferred.append(path)
 
     def _end_attempt(self, path: str) -> None:
         backend = self.active.pop(path, None)
@@ -186,6 +220,11 @@ class JobState:
         if self.t0 is None or self.t_last is None:
             return 0.0
         return max(0.0, self.t_last - self.t0)
+
+    @property
+    def total(self) -> int | None:
+        """Sections in the book: the outline's count once known, else the shape that was asked for."""
+        return self.sections_total if self.sections_total is not None else self.sections_expected
 
     @property
     def server_tokens(self) -> float | None:
@@ -229,7 +268,8 @@ class JobState:
             "elapsed": round(self.elapsed, 2),
             "levels": {str(k): v for k, v in sorted(self.levels.items())},
             "plan_done": self.plan_done,
-            "sections_total": self.sections_total,
+            "sections_total": self.total,
+            "outline_known": self.sections_total is not None,
             "sections_done": len(self.sections_done),
             "sections_failed": len(self.sections_failed),
             "failed": len(self.nodes_failed),
@@ -364,7 +404,7 @@ class Progress:
             verdict = "complete" if complete else f"finished with problems ({failed} failed sections)"
             self._print(f"job {verdict}")
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -384,14 +424,17 @@ class Progress:
         s = self.state
         with s.lock:
             parts = [f"[{_duration(s.elapsed):>6}]"]
+            total = s.total
+            done = len(s.sections_done)
+            if total:
+                mark = "" if s.sections_total is not None else "~"
+                pct = 100.0 * done / total
+                parts.append(f"sections {done}/{mark}{total} ({pct:.1f}%)")
+            else:
+                parts.append(f"sections {done}/?")
             if s.sections_total is None:
                 levels = " ".join(f"L{k}={v}" for k, v in sorted(s.levels.items()))
-                parts.append(f"planning {levels or 'level 1'} ({s.plan_done} planning requests done)")
-            else:
-                total = s.sections_total
-                done = len(s.sections_done)
-                pct = 100.0 * done / total if total else 100.0
-                parts.append(f"sections {done}/{total} ({pct:.1f}%)")
+                parts.append(f"planning {levels + ' ' if levels else ''}({s.plan_done} planning requests done)")
             parts.append(f"tokens {s.tokens_written:,}")
             if s.samples == 0:
                 parts.append("rate -")
@@ -429,17 +472,19 @@ class Progress:
                 elif not s.finished:
                     plan.append(f"… level {level}", style="yellow")
                     break
+            plan.append(f"  ({s.plan_done:,} planning requests done)", style="dim")
             grid.add_row("planning", plan)
 
-            total = s.sections_total
+            total = s.total
             done = len(s.sections_done)
             sec = Table.grid(padding=(0, 1))
             sec.add_column(no_wrap=True)
             sec.add_column(no_wrap=True)
             if total:
+                mark = "" if s.sections_total is not None else "~"
                 sec.add_row(
                     ProgressBar(total=total, completed=done, width=32),
-                    Text(f"{done:,}/{total:,}  {100.0 * done / total:.1f}%"),
+                    Text(f"{done:,}/{mark}{total:,}  {100.0 * done / total:.1f}%"),
                 )
             else:
                 sec.add_row(ProgressBar(total=None, width=32), Text("waiting for the outline"))
@@ -474,7 +519,7 @@ class Progress:
             fleet.add_column("errors", justify="right", no_wrap=True)
             top = max([s.cap or 0, *s.inflight.values(), 1])
             for url in s.backends:
-                healthy, reason = s.health.get(url, (True, ""))
+                healthy, _reason = s.health.get(url, (True, ""))
                 n = s.inflight.get(url, 0)
                 server = s.servers.get(url, {})
                 run, wait = server.get("running"), server.get("waiting")

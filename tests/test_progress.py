@@ -1,0 +1,194 @@
+"""Terminal progress: plain periodic lines off a terminal, a rich live display on one; server-counted rates only."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+
+import anyio
+import pytest
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from feed_synth import synthetic_job
+
+from orchestrator.client import Reply
+from orchestrator.events import (
+    BackendState,
+    Delta,
+    JobFinished,
+    JobStarted,
+    LevelPlanned,
+    MetricsSample,
+    NodeFailed,
+    NodeFinished,
+    NodeStarted,
+    OutlineReady,
+)
+from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.progress import JobState, Progress, short_url
+
+A = "http://gpu1:8000/v1"
+B = "http://gpu2:8001/v1"
+
+
+def reply(backend: str, tokens: int) -> Reply:
+    return Reply("text", "stop", 10, tokens, backend, 0.0, 0.1, 0.2)
+
+
+def script() -> list:
+    outline = Outline("Handbook", (Part("P", (Chapter("C", ("s1", "s2", "s3", "s4")),)),))
+    return [
+        JobStarted("Write me a handbook", (A, B), {"cap": 8}, 100.0),
+        NodeStarted("", "book", "Handbook", A, 1, 100.1),
+        NodeFinished("", "book", "Handbook", reply(A, 30), 100.5),
+        LevelPlanned(1, 1, 100.5),
+        LevelPlanned(2, 1, 101.0),
+        LevelPlanned(3, 4, 101.5),
+        OutlineReady(outline, 101.5),
+        MetricsSample(101.5, 1000.0, 0.0, {A: {"tokens": 600.0, "running": 0.0, "waiting": 0.0}}),
+        NodeStarted("1.1.1", "section", "s1", A, 1, 101.6),
+        NodeStarted("1.1.2", "section", "s2", B, 1, 101.6),
+        NodeStarted("1.1.3", "section", "s3", A, 1, 101.6),
+        NodeStarted("1.1.4", "section", "s4", B, 1, 101.6),
+        Delta("1.1.1", "hello ", 101.7),
+        MetricsSample(103.5, 4000.0, 1500.0, {A: {"tokens": 2600.0, "running": 2.0, "waiting": 0.0}}),
+        NodeFinished("1.1.1", "section", "s1", reply(A, 300), 103.6),
+        NodeFailed("1.1.2", "section", "s2", B, 1, "HTTP 500", False, 103.7),
+        NodeStarted("1.1.2", "section", "s2", A, 2, 103.8),
+        NodeFailed("1.1.4", "section", "s4", B, 8, "connection refused", True, 103.9),
+        BackendState(B, False, "connection refused", 103.9),
+    ]
+
+
+def test_job_state_counts_what_the_events_say():
+    s = JobState()
+    for e in script():
+        s.update(e)
+    assert s.sections_total == 4
+    assert len(s.sections_done) == 1 and s.sections_failed == {"1.1.4"}
+    assert s.retries == 1
+    # in flight: 1.1.2 (now on A, attempt 2) and 1.1.3 on A; B has nothing left
+    assert s.inflight == {A: 2, B: 0}
+    assert s.tokens_written == 330
+    assert s.rate == 1500.0
+    assert s.rate_so_far == pytest.approx(3000.0 / 2.0)  # server counter: 3000 tokens over 2 s of samples
+    assert s.server_tokens == 3000.0
+    snap = s.snapshot()
+    assert snap["sections_done"] == 1 and snap["failed"] == 1
+    assert [b["label"] for b in snap["backends"]] == ["gpu1:8000", "gpu2:8001"]
+    assert snap["backends"][1]["healthy"] is False
+
+
+def test_a_restart_without_a_failure_event_does_not_leak_in_flight():
+    s = JobState()
+    s.update(NodeStarted("1.1.1", "section", "s", A, 1, 1.0))
+    s.update(NodeStarted("1.1.1", "section", "s", B, 2, 2.0))  # the first attempt ended silently
+    assert s.inflight == {A: 0, B: 1}
+    s.update(NodeFinished("1.1.1", "section", "s", reply(B, 5), 3.0))
+    assert s.inflight == {A: 0, B: 0}
+
+
+def test_plain_lines_off_a_terminal():
+    out = StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    progress = Progress(console, plain_interval=0.05)
+    assert progress.wants_deltas is False and progress.live_mode is False
+    with progress:
+        for e in script():
+            progress(e)
+        deadline = time.monotonic() + 5
+        while out.getvalue().count("sections 1/4") < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        progress(JobFinished({"sections": 4}, False, 104.0))
+    text = out.getvalue()
+    assert "\x1b" not in text, "plain lines carry no terminal escapes"
+    lines = text.splitlines()
+    assert "job started on 2 backends: gpu1:8000, gpu2:8001" in lines
+    assert "planned level 3: 4 sections" in lines
+    assert "outline ready: 1 parts, 1 chapters, 4 sections" in lines
+    assert "backend gpu2:8001 out of rotation: connection refused" in lines
+    assert any("section 1.1.4 's4' failed after 8 attempts: connection refused" in x for x in lines)
+    periodic = [x for x in lines if "sections 1/4 (25.0%)" in x]
+    assert len(periodic) >= 2, text  # the timer printed at least once, stop() printed the last one
+    last = periodic[0]  # printed while the job ran (the closing one, after JobFinished, has nothing in flight)
+    assert "tokens 330" in last
+    assert "rate 1,500 tok/s (so far 1,500)" in last
+    assert re.search(r"in flight 2 \[gpu1:8000=2 gpu2:8001=0\(down\)\]", last), last
+    assert "retries 1" in last and "failed 1" in last
+    assert "in flight 0 " in periodic[-1]
+    assert lines[-1] == "job finished with problems (1 failed sections)"
+
+
+def test_plain_line_before_the_outline_and_without_server_counters():
+    progress = Progress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+    progress(JobStarted("p", (A,), {}, 0.0))
+    progress(LevelPlanned(1, 8, 1.0))
+    line = progress.plain_line()
+    assert "planning L1=8" in line and "rate -" in line
+    # Chunk arrivals never make a rate: only MetricsSample does.
+    for i in range(50):
+        progress(Delta("1.1.1", "x" * 10, 1.0 + i / 100))
+    assert "rate -" in progress.plain_line()
+    progress(MetricsSample(2.0, None, None, {A: {"tokens": None, "running": None, "waiting": None}}))
+    assert "rate n/a (no server counter)" in progress.plain_line()
+
+
+def test_rich_live_display_on_a_terminal():
+    out = StringIO()
+    console = Console(file=out, force_terminal=True, width=120, height=40, color_system="truecolor")
+    progress = Progress(console)
+    assert progress.live_mode is True
+    with progress:
+        anyio.run(lambda: synthetic_job(progress, parts=1, chapters=2, sections=3, chunk_delay=0.002,
+                                        fail_path="1.2.3", words=40))
+    text = out.getvalue()
+    assert "\x1b[" in text
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    for word in ("handbook", "Software Engineering Handbook", "sections", "5/6", "tok/s", "127.0.0.1:8101",
+                 "retries", "1 failed"):
+        assert word in plain, word
+    assert "finished with problems (1 failed sections)" in plain
+    # Rendering straight away (no events at all) works too.
+    Console(file=StringIO(), force_terminal=True, width=60).print(Progress(console)._render())
+
+
+def test_short_url():
+    assert short_url("http://gpu1:8000/v1") == "gpu1:8000"
+    assert short_url("https://api.example.com/v1") == "api.example.com"
+    assert short_url("not a url") == "not a url"
+
+
+def test_planning_nodes_leave_flight_when_their_children_start():
+    # Planning nodes may get no NodeFinished: a child's start (or the outline) shows that the parent is done.
+    s = JobState()
+    s.update(JobStarted("p", (A, B), {"parts": 2, "chapters": 3, "sections": 4, "cap": 8}, 0.0))
+    assert s.total == 24 and s.snapshot()["outline_known"] is False
+    s.update(NodeStarted("", "book", "Book", A, 1, 0.1))
+    assert s.inflight[A] == 1
+    assert s.update(NodeStarted("1", "part", "P1", B, 1, 0.2)) == [""]
+    s.update(NodeStarted("2", "part", "P2", A, 1, 0.2))
+    assert s.inflight == {A: 1, B: 1} and s.plan_done == 1
+    assert s.update(NodeStarted("1.1", "chapter", "C", A, 1, 0.3)) == ["1"]
+    s.update(NodeStarted("1.1.1", "section", "S", B, 1, 0.4))
+    assert s.inflight == {A: 1, B: 1} and s.plan_done == 3  # book, part 1, chapter 1.1; part 2 still running
+    outline = Outline("Book", (Part("P1", (Chapter("C", ("S",)),)), Part("P2", ())))
+    s.update(OutlineReady(outline, 0.5))
+    assert s.inflight == {A: 0, B: 1} and s.plan_done == 4 and s.total == 1
+    # A NodeFinished for a planning node (if the runner sends one) is not counted twice.
+    s.update(NodeFinished("2", "part", "P2", reply(A, 10), 0.6))
+    assert s.plan_done == 4
+
+
+def test_plain_line_while_planning_and_writing_overlap():
+    progress = Progress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+    progress(JobStarted("p", (A,), {"parts": 2, "chapters": 2, "sections": 2}, 0.0))
+    progress(LevelPlanned(1, 2, 1.0))
+    progress(NodeStarted("1.1.1", "section", "S", A, 1, 2.0))
+    progress(NodeFinished("1.1.1", "section", "S", reply(A, 50), 3.0))
+    line = progress.plain_line()
+    assert "sections 1/~8 (12.5%)" in line and "planning L1=2" in line and "tokens 50" in line
