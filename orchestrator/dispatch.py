@@ -227,9 +227,13 @@ class Dispatcher:
         build: Callable[[BackendClient, int], dict[str, Any]],
         validate: Callable[[Reply], T] | None = None,
         priority: tuple[int, int] = (1, 0),
+        on_delta: Callable[[str], None] | None = None,
     ) -> Outcome[T]:
         """``build(client, attempt)`` makes the request body; ``validate(reply)`` parses it or raises ValueError
-        (an unusable reply is retried like an error)."""
+        (an unusable reply is retried like an error). ``on_delta(text)``, when given, sees every content delta of
+        every attempt as it streams (``build`` is called at the start of each attempt, so a caller can tell the
+        attempts apart); the planner uses it to start children before the reply is complete."""
+        caller_delta = on_delta
         counter = {"n": 0}
 
         async def attempt() -> tuple[Reply, Any]:
@@ -238,13 +242,15 @@ class Dispatcher:
             async with self.fleet.lease(priority) as client:
                 now = time.monotonic()
                 self.emit(NodeStarted(path, kind, title, client.url, n, now))
-                on_delta = None
+                on_delta = caller_delta
                 if self.wants_deltas:
                     emit = self.emit
                     from .events import Delta
 
-                    def on_delta(text: str, _p=path) -> None:
+                    def on_delta(text: str, _p=path, _c=caller_delta) -> None:
                         emit(Delta(_p, text, time.monotonic()))
+                        if _c is not None:
+                            _c(text)
 
                 body = build(client, n)
                 self.requests += 1
