@@ -5,13 +5,18 @@ One level of the ladder (:func:`measure_level`):
 1. Every backend gets N streaming chat requests at once, all clients on the same absolute start time. Each stream
    starts a new, distinct request (a numbered prompt, so no two share a prefix) the moment its previous one ends:
    N requests stay in flight per backend for the whole level. ``max_tokens`` (512), temperature 0, thinking off.
-2. Ramp-up is excluded: the window opens once every stream has had its first token *and* at least ``ramp``
-   seconds have passed since the level began; it lasts ``window`` seconds.
+2. Ramp-up is excluded: the window opens once every backend is full *and* at least ``ramp`` seconds have
+   passed since the level began; it lasts ``window`` seconds. Full: every stream has had its first token, or,
+   on a server that cannot hold N (it reports requests waiting), every stream it runs has had one.
 3. The one :class:`~orchestrator.metrics.MetricsSampler` of the bench samples every backend's /metrics every
    0.5 s on one absolute schedule throughout; the window's figures come from
    :func:`~orchestrator.metrics.server_counted` (interpolated, summed, best second a simultaneous peak).
 4. The load is cancelled (its connections closed, so the servers abort the requests) and the bench waits for the
    servers to drain before the next level.
+
+TTFT is client side: the median over the level's requests of send to first content; a request still waiting
+for its first token when the load stops counts with its wait so far (a lower bound), so a level the server
+cannot hold shows its queueing.
 
 When no server exposes ``vllm:generation_tokens_total`` the level falls back to a client-side estimate (each
 request's usage spread evenly between its first token and its end), labelled ``client-estimate``.
@@ -35,7 +40,7 @@ from .metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
 
 PROMPT = (
     "{n}. Request number {n} of a throughput benchmark. Write a long, detailed technical article of about "
-    "1500 words on software engineering topic number {n}: explain every idea step by step, with examples "
+    "800 words on software engineering topic number {n}: explain every idea step by step, with examples "
     "and code. Do not stop early."
 )
 
@@ -54,6 +59,8 @@ class LoadStats:
     completed: int = 0
     errors: int = 0
     last_error: str | None = None
+    errors_by_backend: dict[int, int] = field(default_factory=dict)
+    last_error_by_backend: dict[int, str] = field(default_factory=dict)
 
     def saw_first(self, stream: tuple[int, int]) -> None:
         if stream not in self.first_seen:
@@ -96,8 +103,7 @@ async def _stream_once(
     try:
         async with session.post(target.url + "/chat/completions", data=body, headers=headers) as resp:
             if resp.status != 200:
-                text = (await resp.text())[:200]
-                raise _RequestError(f"HTTP {resp.status}: {' '.join(text.split())}")
+                raise _RequestError(f"HTTP {resp.status}: {_error_message(await resp.read())}")
             async for raw in resp.content:
                 if not raw.startswith(b"data:"):
                     continue
@@ -118,6 +124,10 @@ async def _stream_once(
                     stats.ttft_s.append((t_send, t_first - t_send))
                     stats.saw_first(stream)
                 chunks += 1
+    except anyio.get_cancelled_exc_class():
+        if t_first is None:  # still waiting at the window's end: its wait so far is a lower bound of its TTFT
+            stats.ttft_s.append((t_send, time.monotonic() - t_send))
+        raise
     finally:
         # also on cancellation at the window's end: keep what this request produced for the fallback estimate
         t_end = time.monotonic()
@@ -137,6 +147,21 @@ class _RequestError(Exception):
     pass
 
 
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI-style error body, else the body's start, on one line."""
+    try:
+        data = orjson.loads(body)
+        err = data.get("error") if isinstance(data, dict) else None
+        msg = (err.get("message") if isinstance(err, dict) else None) or (
+            data.get("message") if isinstance(data, dict) else None
+        )
+        if isinstance(msg, str) and msg:
+            return " ".join(msg.split())[:300]
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    return " ".join(body[:200].decode("utf-8", "replace").split())
+
+
 async def _stream_worker(
     session: aiohttp.ClientSession,
     target: Target,
@@ -150,8 +175,40 @@ async def _stream_worker(
             await _stream_once(session, target, next(numbers), max_tokens, stream, stats)
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, _RequestError) as e:
             stats.errors += 1
-            stats.last_error = f"{target.url}: {type(e).__name__}: {e}".rstrip(": ")
+            what = str(e) if isinstance(e, _RequestError) else f"{type(e).__name__}: {e}".rstrip(": ")
+            stats.last_error = f"{target.url}: {what}"
+            stats.errors_by_backend[stream[0]] = stats.errors_by_backend.get(stream[0], 0) + 1
+            stats.last_error_by_backend[stream[0]] = stats.last_error
             await anyio.sleep(0.2)  # a failing server is not hammered in a tight loop
+
+
+def _fail_if_every_request_fails(stats: LoadStats, targets: Sequence[Target], streams: int) -> None:
+    """A backend whose every stream has failed at least twice, and none has had a token, is not worth waiting for."""
+    for bi, target in enumerate(targets):
+        errors = stats.errors_by_backend.get(bi, 0)
+        if errors >= 2 * streams and not any(b == bi for b, _ in stats.first_seen):
+            reason = stats.last_error_by_backend.get(bi, "").removeprefix(target.url + ": ")
+            raise BackendError(f"backend {target.url} fails every request: {reason}")
+
+
+def _saturated(
+    stats: LoadStats, sampler: MetricsSampler, targets: Sequence[Target], streams: int, t_level: float
+) -> bool:
+    """Every backend is full: all its streams have had a first token, or (a server that cannot hold them all)
+    it reports requests waiting and at least as many of its streams have had a first token as it runs."""
+    firsts = [0] * len(targets)
+    for bi, _ in stats.first_seen:
+        firsts[bi] += 1
+    for bi, target in enumerate(targets):
+        if firsts[bi] >= streams:
+            continue
+        points = sampler.series.get(target.url)
+        if not points or points[-1][0] <= t_level:
+            return False
+        _, _, running, waiting = points[-1]
+        if not (waiting and waiting > 0 and running and firsts[bi] >= running):
+            return False
+    return True
 
 
 def _median_gauge(points: Sequence[Point], t0: float, t1: float, index: int) -> float | None:
@@ -201,27 +258,31 @@ async def measure_level(
     stats = LoadStats(streams_total=streams * k)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=max(120.0, 4 * window))
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        async with anyio.create_task_group() as tg:
-            t_level = time.monotonic()
-            for bi, target in enumerate(targets):
-                for si in range(streams):
-                    tg.start_soon(_stream_worker, session, target, numbers, max_tokens, (bi, si), stats)
-            with anyio.move_on_after(ramp_timeout):
-                await stats.all_first.wait()
-            if not stats.all_first.is_set():
-                tg.cancel_scope.cancel()
-                raise BackendError(
-                    f"at {streams} streams per backend only {len(stats.first_seen)} of {streams * k} streams "
-                    f"got a first token within {ramp_timeout:.0f} s"
-                    + (f" (last error: {stats.last_error})" if stats.last_error else "")
-                )
-            t0 = max(time.monotonic(), t_level + ramp)
-            await anyio.sleep(t0 - time.monotonic() + window)
-            t1 = time.monotonic()
-            # the window's end must be bracketed by a sample of every server before the load stops
-            await _sample_after(sampler, t1)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        anyio.create_task_group() as tg,
+    ):
+        t_level = time.monotonic()
+        for bi, target in enumerate(targets):
+            for si in range(streams):
+                tg.start_soon(_stream_worker, session, target, numbers, max_tokens, (bi, si), stats)
+        with anyio.move_on_after(ramp_timeout):
+            while not stats.all_first.is_set() and not _saturated(stats, sampler, targets, streams, t_level):
+                _fail_if_every_request_fails(stats, targets, streams)
+                await anyio.sleep(0.05)
+        if not (stats.all_first.is_set() or _saturated(stats, sampler, targets, streams, t_level)):
             tg.cancel_scope.cancel()
+            raise BackendError(
+                f"at {streams} streams per backend only {len(stats.first_seen)} of {streams * k} streams "
+                f"got a first token within {ramp_timeout:.0f} s"
+                + (f" (last error: {stats.last_error})" if stats.last_error else "")
+            )
+        t0 = max(time.monotonic(), t_level + ramp)
+        await anyio.sleep(t0 - time.monotonic() + window)
+        t1 = time.monotonic()
+        # the window's end must be bracketed by a sample of every server before the load stops
+        await _sample_after(sampler, [x.url for x in targets], t1)
+        tg.cancel_scope.cancel()
 
     figures = server_counted(sampler.series, t0, t1, GENERATION_METRIC)
     if figures is None:
@@ -261,16 +322,12 @@ async def measure_level(
     }
 
 
-async def _sample_after(sampler: MetricsSampler, t: float, limit: float = 5.0) -> None:
-    """Wait until the running sampler has finished a round that started after ``t`` (bounded)."""
+async def _sample_after(sampler: MetricsSampler, urls: Sequence[str], t: float, limit: float = 5.0) -> None:
+    """Wait (bounded) until every server that has ever answered a scrape has a sample later than ``t``."""
     deadline = time.monotonic() + limit
-    rounds = sampler.rounds
     while time.monotonic() < deadline:
-        latest = sampler.latest
-        if latest is not None and sampler.rounds > rounds and latest.t > t + 0.01:
-            # a round that ended after t may have started before it; one more makes sure
-            if sampler.rounds >= rounds + 2 or latest.t - t > sampler.interval:
-                return
+        if all(not sampler.series.get(u) or sampler.series[u][-1][0] > t for u in urls):
+            return
         await anyio.sleep(0.02)
 
 

@@ -118,8 +118,7 @@ def parse_metrics(text: str) -> Counters:
 def metrics_url(base_url: str) -> str:
     """``http://h:p/v1`` -> ``http://h:p/metrics`` (the base URL without its trailing /v1, plus /metrics)."""
     u = base_url.rstrip("/")
-    if u.endswith("/v1"):
-        u = u[: -len("/v1")]
+    u = u.removesuffix("/v1")
     return u + "/metrics"
 
 

@@ -199,7 +199,7 @@ def test_best_second_matches_a_brute_force_scan():
         return va + (vb - va) * (t - ta) / (tb - ta)
 
     t0, t1 = 1.0, 11.0
-    total = lambda t: sum(at(p, t) for p in series.values())  # noqa: E731
+    total = lambda t: sum(at(p, t) for p in series.values())
     brute = max(total(t0 + k * 0.001 + 1.0) - total(t0 + k * 0.001) for k in range(int((t1 - t0 - 1.0) / 0.001) + 1))
     r = server_counted(series, t0, t1)
     assert r["best_second_tok_s"] == pytest.approx(brute, rel=1e-3)
@@ -212,7 +212,8 @@ def test_gap_is_bridged_and_reset_is_stitched():
     pts = [p for p in pts if not 3.0 < p[0] < 5.0]  # failed scrapes: a gap
     assert server_counted({"a": pts}, 1.0, 9.0)["sustained_tok_s"] == pytest.approx(100.0)
     # restart at t=5: the counter starts again from zero and climbs at the same rate
-    restarted = [(t, (100.0 * t) if t < 5 else 100.0 * (t - 5), None, None) for t in (i * 0.5 for i in range(21))]
+    times = [i * 0.5 for i in range(21)]
+    restarted = [(t, (100.0 * t) if t < 5 else 100.0 * (t - 5), None, None) for t in times]
     r = server_counted({"a": restarted}, 0.0, 10.0)
     # the step 4.5 -> 5.0 drops to 0: counted as "0 new tokens" (Prometheus increase semantics)
     assert r["sustained_tok_s"] == pytest.approx((450.0 + 500.0) / 10.0)
@@ -228,7 +229,8 @@ def test_window_shorter_than_one_second():
 
 def test_best_second_never_below_sustained():
     # contrived: work only at both ends of a 1.5 s window; no 1 s span holds the average
-    pts = [(0.0, 0.0, None, None), (0.25, 50.0, None, None), (1.25, 50.0, None, None), (1.5, 100.0, None, None)]
+    pts = [(0.0, 0.0, None, None), (0.25, 50.0, None, None), (1.25, 50.0, None, None),
+           (1.5, 100.0, None, None)]
     r = server_counted({"a": pts}, 0.0, 1.5)
     assert r["best_second_tok_s"] >= r["sustained_tok_s"]
 
