@@ -43,6 +43,7 @@ class BackendLoad:
     requests: int = 0
     errors: int = 0
     down_since: float | None = None
+    trips: int = 0  # times it left the rotation
 
 
 @dataclass(order=True)
@@ -75,6 +76,8 @@ class Fleet:
         self._all_down_timeout = all_down_timeout
         self._tg: anyio.abc.TaskGroup | None = None
         self.all_down_error: BackendError | None = None
+        self.all_down = anyio.Event()  # set together with all_down_error
+        self.stopped = False  # no lease is granted any more (an interrupt): in-flight requests run out
 
     async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Background duties (watchdogs, probes). Runs until cancelled."""
@@ -109,7 +112,17 @@ class Fleet:
         if load.in_flight > load.max_in_flight:
             load.max_in_flight = load.in_flight
 
+    def stop(self) -> None:
+        """Grant no more leases: requests in flight finish, every other one waits until it is cancelled."""
+        self.stopped = True
+
+    @property
+    def in_flight(self) -> int:
+        return sum(x.in_flight for x in self.loads)
+
     def _grant(self) -> None:
+        if self.stopped:
+            return
         while self._waiters:
             i = self._pick()
             if i is None:
@@ -124,7 +137,7 @@ class Fleet:
     @asynccontextmanager
     async def lease(self, priority: tuple[int, int] = (1, 0)):
         """Hold one slot on some healthy backend for the duration of the block."""
-        i = None if self._waiters else self._pick()
+        i = None if self._waiters or self.stopped else self._pick()
         if i is not None:
             self._take(i)
         else:
@@ -161,6 +174,7 @@ class Fleet:
         load.consecutive_failures += 1
         if load.healthy and load.consecutive_failures >= self._trip_after:
             load.healthy = False
+            load.trips += 1
             load.down_since = time.monotonic()
             self._emit(BackendState(load.client.url, False, reply.error or "failing", time.monotonic()))
             if self._tg is not None:
@@ -177,12 +191,13 @@ class Fleet:
                 self._grant()
                 return
             if all(not x.healthy for x in self.loads):
-                first_down = min(x.down_since or time.monotonic() for x in self.loads)
-                if time.monotonic() - first_down > self._all_down_timeout and self.all_down_error is None:
+                all_down_since = max(x.down_since or time.monotonic() for x in self.loads)
+                if time.monotonic() - all_down_since > self._all_down_timeout and self.all_down_error is None:
                     self.all_down_error = BackendError(
                         f"every backend stopped answering for {self._all_down_timeout:g} s: "
                         + ", ".join(x.client.url for x in self.loads)
                     )
+                    self.all_down.set()
                     self._emit(BackendState("*", False, str(self.all_down_error), time.monotonic()))
 
     @property
