@@ -49,7 +49,7 @@ class Stream:
     """One request inside the engine. ``count`` is the number of tokens generated so far."""
 
     __slots__ = ("prompt_tokens", "n", "need", "admit", "count", "done", "cancelled", "waiter",
-                 "t_arrival", "t_first", "state")
+                 "t_arrival", "t_first", "state", "sink")
 
     def __init__(self, prompt_tokens: int, n: int):
         if n < 1:
@@ -65,6 +65,10 @@ class Stream:
         self.t_arrival = time.monotonic()
         self.t_first: float | None = None
         self.state = 0  # 0 new, 1 waiting, 2 running, 3 finished/cancelled
+        # Called synchronously by the engine whenever ``count`` advances (or the stream finishes), instead of
+        # waking the waiter: the server writes the chunk straight to the socket. It must not call back into
+        # the engine; it may wake the waiter.
+        self.sink = None
 
     def _wake(self) -> None:
         w = self.waiter
@@ -240,18 +244,8 @@ class Engine:
         self.steps += 1
         self.generation_tokens += self.running
         now = None
-        for s in self.buckets[k % len(self.buckets)]:
-            s.count = k - s.admit + 1
-            if s.t_first is None:
-                if now is None:
-                    now = time.monotonic()
-                s.t_first = now
-                self._observe_ttft(now - s.t_arrival)
-            w = s.waiter
-            if w is not None and not w.done():
-                w.set_result(None)
         fin = self.finishing.pop(k, None)
-        if fin:
+        if fin:  # first the streams that end in this step (they leave the buckets)
             for s in fin:
                 if s.state != 2:
                     continue
@@ -264,5 +258,21 @@ class Engine:
                         now = time.monotonic()
                     s.t_first = now
                     self._observe_ttft(now - s.t_arrival)
+                if s.sink is not None:
+                    s.sink(s)
                 s._wake()
+        for s in self.buckets[k % len(self.buckets)]:
+            s.count = k - s.admit + 1
+            if s.t_first is None:
+                if now is None:
+                    now = time.monotonic()
+                s.t_first = now
+                self._observe_ttft(now - s.t_arrival)
+            sink = s.sink
+            if sink is not None:
+                sink(s)
+            else:
+                w = s.waiter
+                if w is not None and not w.done():
+                    w.set_result(None)
         self.step_no = k + 1

@@ -58,6 +58,10 @@ def _err(status: int, message: str, etype: str, headers: dict | None = None) -> 
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
+def _noop(_s: Stream) -> None:
+    return None
+
+
 class _Collector:
     """Reads the card's plain integers at scrape time: nothing on the hot path touches prometheus_client."""
 
@@ -335,15 +339,14 @@ class Card:
 
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        s: Stream | None = None
-        if n > 0:
-            s = Stream(prompt_tokens, n)
-            self.engine.submit(s)
+        s = Stream(prompt_tokens, n) if n > 0 else None
         try:
             if stream:
                 return await self._stream(request, s, pieces, n, finish, rid, created, prompt_tokens,
                                           include_usage, drop_at)
             return await self._whole(request, s, pieces, n, finish, rid, created, prompt_tokens, drop_at)
+        except ConnectionError:  # the client went away while we wrote
+            raise asyncio.CancelledError from None
         finally:
             if s is not None and not s.done:
                 self.engine.cancel(s)
@@ -361,6 +364,14 @@ class Card:
 
     async def _whole(self, request, s, pieces, n, finish, rid, created, prompt_tokens, drop_at):
         if s is not None:
+            if drop_at is not None:
+                def sink(st: Stream) -> None:
+                    if st.count >= drop_at:
+                        st._wake()
+                s.sink = sink
+            else:
+                s.sink = _noop
+            self.engine.submit(s)
             while not s.done:
                 if s.cancelled or (drop_at is not None and s.count >= drop_at):
                     self._cut(request)
@@ -388,35 +399,54 @@ class Card:
                + str(created).encode() + b',"model":' + self._model_json + b',"choices":[{"index":0,"delta":')
         mid = b',"logprobs":null,"finish_reason":null}]}\n\n'
         fin = b',"logprobs":null,"finish_reason":"' + finish.encode() + b'","stop_reason":null}]}\n\n'
-        write = resp.write
-        await write(pre + b'{"role":"assistant","content":""}' + mid)
-        sent = 0
+        await resp.write(pre + b'{"role":"assistant","content":""}' + mid)  # also flushes the headers
         if s is not None:
+            writer = request._payload_writer
+            chunked = bool(getattr(writer, "chunked", True))
+            tr = request.transport
+            if tr is None or tr.is_closing():
+                raise asyncio.CancelledError
             dumps = orjson.dumps
-            while True:
-                c = s.count
-                if c > sent:
-                    if drop_at is not None and c >= drop_at:
-                        await write(pre + b'{"content":' + dumps("".join(pieces[sent:drop_at])) + b"}" + mid)
-                        self._cut(request)
-                    content = "".join(pieces[sent:c])
-                    sent = c
-                    last = s.done and sent >= n
-                    await write(pre + b'{"content":' + dumps(content) + b"}" + (fin if last else mid))
-                    if last:
-                        break
-                    continue
-                if s.cancelled:
+            state = {"sent": 0, "dead": False}
+
+            def sink(st: Stream) -> None:
+                # Runs inside the engine's step: write the new tokens straight to the socket (no task switch).
+                c = st.count
+                sent = state["sent"]
+                if c <= sent or state["dead"]:
+                    return
+                if tr.is_closing():
+                    state["dead"] = True
+                    st._wake()
+                    return
+                last = st.done and c >= n
+                if drop_at is not None and c >= drop_at:
+                    c, last = drop_at, False
+                    state["dead"] = True
+                data = pre + b'{"content":' + dumps("".join(pieces[sent:c])) + b"}" + (fin if last else mid)
+                state["sent"] = c
+                if chunked:
+                    tr.write(b"%x\r\n%b\r\n" % (len(data), data))
+                else:
+                    tr.write(data)
+                if state["dead"]:
+                    tr.abort()
+                    st._wake()
+
+            s.sink = sink
+            self.engine.submit(s)
+            while not (s.done and state["sent"] >= n):
+                if state["dead"] or s.cancelled:
                     self._cut(request)
                 await s.wait()
         else:
-            await write(pre + b'{"content":""}' + fin)
+            await resp.write(pre + b'{"content":""}' + fin)
         if include_usage:
             usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
-            await write(b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
-                        + str(created).encode() + b',"model":' + self._model_json + b',"choices":[],"usage":'
-                        + orjson.dumps(usage) + b"}\n\n")
-        await write(b"data: [DONE]\n\n")
+            await resp.write(b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
+                             + str(created).encode() + b',"model":' + self._model_json + b',"choices":[],"usage":'
+                             + orjson.dumps(usage) + b"}\n\n")
+        await resp.write(b"data: [DONE]\n\n")
         self._finish(finish, n)
         await resp.write_eof()
         return resp
