@@ -51,10 +51,17 @@ class Settings:
     first_token_timeout_s: float = 120.0
     chunk_timeout_s: float = 60.0
     metrics_interval_s: float = 0.5
+    interrupt_grace_s: float = 5.0  # after the first Ctrl-C, how long requests in flight may still finish
+    all_down_timeout_s: float = 30.0  # every backend out of rotation this long -> stop (exit 3)
 
     def __post_init__(self) -> None:
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):
             check_positive_int(name, getattr(self, name))
+        for name in ("connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "metrics_interval_s",
+                     "interrupt_grace_s", "all_down_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
+                raise ConfigError(f"{name} must be a non-negative number of seconds, got {v!r}")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
             raise ConfigError(f"temperature must be a number, got {self.temperature!r}")
         if not 0 <= self.temperature <= 2:
@@ -69,6 +76,18 @@ class Settings:
 
     def outline_key(self) -> dict[str, Any]:
         return {"parts": self.parts, "chapters": self.chapters, "sections": self.sections}
+
+    def resume_key(self) -> dict[str, Any]:
+        """The settings a journal must share to be resumed: those that change the outline or the sections' text
+        (the model is checked separately, once the backends have named it)."""
+        return {
+            **self.outline_key(),
+            "words": self.words,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "plan_max_tokens": self.plan_max_tokens,
+            "templates": self.templates,
+        }
 
     def public(self) -> dict[str, Any]:
         """The settings as plain data, secrets left out (for stats, journal and events)."""

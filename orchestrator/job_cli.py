@@ -171,6 +171,11 @@ def report(result) -> int:
         )
     for key, path in result.paths.items():
         console.print(f"{key:>10}: {path}")
+    if getattr(result, "interrupted", False):
+        done = result.stats["sections"] - result.stats["failed_sections"] - result.stats["empty_sections"]
+        print(f"handbook: interrupted: {done} of {result.stats['sections']} sections written (book.md is marked "
+              "incomplete); rerun the same command to resume", file=sys.stderr)
+        return 130
     if not result.complete:
         print(f"handbook: {len(result.failed_sections)} section(s) failed or came back empty:", file=sys.stderr)
         refs = {r.path: r.title for r in result.outline.sections()}
@@ -202,7 +207,8 @@ async def _run_with_displays(prompt, backends, settings, out, args, done: dict[s
             )
             print(f"handbook: live feed at {feed.url}", file=sys.stderr, flush=True)
             consumers.append(feed)
-        result = await agenerate(prompt, backends, settings, out, on_event=consumers or None)
+        result = await agenerate(prompt, backends, settings, out, on_event=consumers or None, fresh=args.fresh,
+                                 handle_sigint=True)
         if consumers and not args.quiet:
             consumers[0].stop()
         done["code"] = report(result)

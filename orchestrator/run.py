@@ -6,6 +6,8 @@ import logging
 import math
 import os
 import resource
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +19,12 @@ import anyio
 import orjson
 
 from .assemble import Book, SectionText, assemble
-from .client import BackendClient, Reply, discover
+from .client import BackendClient, discover
 from .config import Backend, Settings, slugify
 from .dispatch import Dispatcher, Fleet
-from .errors import BackendError, ConfigError, HandbookError, unwrap
+from .errors import BackendError, ConfigError, HandbookError, Interrupted, unwrap
 from .events import JobFinished, JobStarted, NodeFinished, OutlineReady
+from .journal import Journal, Resuming
 from .outline import Outline, SectionRef
 from .plan import Planner
 from .prompts import render
@@ -30,11 +33,13 @@ from .report import JobRecord, build_stats
 log = logging.getLogger("handbook")
 
 FD_RESERVE = 128  # files, the journal, /metrics scrapes, the feed, the typesetter
+DISCOVER_TIMEOUT_S = 7.0  # an unreachable backend is reported within 10 s
 
 
 @dataclass(frozen=True)
 class Result:
-    """What a job produced. ``complete`` is False when any section failed or came back empty."""
+    """What a job produced. ``complete`` is False when any section failed, came back empty or was not written;
+    ``interrupted`` is True when the run was stopped by Ctrl-C (what existed was written; rerun to resume)."""
 
     markdown: str
     outline: Outline
@@ -43,6 +48,7 @@ class Result:
     paths: dict[str, Path]
     complete: bool
     failed_sections: tuple[str, ...] = field(default=())
+    interrupted: bool = False
 
 
 class _Bus:
@@ -108,8 +114,16 @@ async def agenerate(
     settings: Settings | None = None,
     out: str | os.PathLike | None = None,
     on_event: Callable[[Any], None] | Sequence[Callable[[Any], None]] | None = None,
+    *,
+    fresh: bool = False,
+    handle_sigint: bool = False,
 ) -> Result:
-    """Make a book. See ``generate`` for the arguments; this is the same inside an event loop."""
+    """Make a book. See ``generate`` for the arguments; this is the same inside an event loop.
+
+    ``handle_sigint``: take over Ctrl-C while sections are written (main thread only): the first stops
+    dispatching, lets requests in flight finish for ``settings.interrupt_grace_s`` and returns what exists with
+    ``Result.interrupted``; a second raises Interrupted at once. Off by default: a library call inside someone
+    else's event loop leaves their signals alone."""
     settings = settings or Settings()
     if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("the prompt is empty: say what the book should be about")
@@ -122,19 +136,25 @@ async def agenerate(
         consumers.extend(on_event)
     bus = _Bus(consumers)
 
+    # The journal is opened before any backend is asked: another job's journal is bad input, found at once.
+    journal = Journal.open(out_dir, prompt, settings, fresh=fresh)
+    job = _Job(prompt, settings, out_dir, bus, journal, handle_sigint)
     try:
         if not backends:
             from .engine import LocalEngine  # the embedded default: a real model on the CPU
 
             async with LocalEngine() as engine:
-                return await _job(prompt, [Backend(engine.url, cap=settings.cap)], settings, out_dir, bus)
+                return await job.run([Backend(engine.url, cap=settings.cap)])
         bk = [b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends]
-        return await _job(prompt, bk, settings, out_dir, bus)
+        return await job.run(bk)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
         if inner is group:
             raise
         raise inner from None
+    finally:
+        journal.end_run(job.status, job.requests)
+        journal.close()
 
 
 def generate(
@@ -143,23 +163,31 @@ def generate(
     settings: Settings | None = None,
     out: str | os.PathLike | None = None,
     on_event: Callable[[Any], None] | Sequence[Callable[[Any], None]] | None = None,
+    *,
+    fresh: bool = False,
+    handle_sigint: bool = True,
 ) -> Result:
     """Make a book from one prompt over ``backends`` (OpenAI-compatible base URLs or Backend values).
 
     Writes book.md, outline.json, stats.json (and book.pdf/book.html, defects.json/defects.md) into ``out``
-    and returns a Result. Raises HandbookError subclasses for bad input (ConfigError), unreachable backends
-    (BackendError) or an outline that could not be made (PlanError). Failed sections do not raise: they are
-    listed in ``Result.failed_sections`` and ``Result.complete`` is False.
+    and returns a Result. ``out/journal.sqlite`` records every finished node: calling again with the same prompt
+    and settings resumes (``fresh=True`` starts over). Raises HandbookError subclasses for bad input
+    (ConfigError), unreachable backends (BackendError) or an outline that could not be made (PlanError). Failed
+    sections do not raise: they are listed in ``Result.failed_sections`` and ``Result.complete`` is False.
+    Ctrl-C stops the job gracefully (see ``agenerate``; ``Result.interrupted``).
     """
-    return anyio.run(partial(agenerate, prompt, backends, settings, out, on_event))
+    return anyio.run(
+        partial(agenerate, prompt, backends, settings, out, on_event, fresh=fresh, handle_sigint=handle_sigint)
+    )
 
 
 async def _discover_all(backends: list[Backend], settings: Settings) -> list[tuple[Backend, str]]:
     found: list[tuple[Backend, str] | HandbookError] = [None] * len(backends)  # type: ignore[list-item]
+    timeout = min(settings.connect_timeout_s, DISCOVER_TIMEOUT_S)
 
     async def one(i: int, b: Backend) -> None:
         try:
-            found[i] = (b, await discover(b, settings.api_key, settings.model, timeout=settings.connect_timeout_s))
+            found[i] = (b, await discover(b, settings.api_key, settings.model, timeout=timeout))
         except HandbookError as e:
             found[i] = e
 
@@ -180,119 +208,243 @@ async def _discover_all(backends: list[Backend], settings: Settings) -> list[tup
     return ok
 
 
-async def _job(prompt: str, backends: list[Backend], settings: Settings, out_dir: Path, bus: _Bus) -> Result:
-    from .metrics import MetricsSampler, server_counted
+class _Stop:
+    """Why the writing stopped early, if it did: "interrupt" (Ctrl-C), "cancel" (a second Ctrl-C) or "all-down"."""
 
-    usable = await _discover_all(backends, settings)
-    caps = ensure_open_files([b.cap for b, _ in usable])
-    urls = tuple(b.url for b, _ in usable)
-    t_start = time.monotonic()
-    bus(JobStarted(prompt, urls, settings.public(), t_start))
+    def __init__(self) -> None:
+        self.reason: str | None = None
 
-    replies: list[tuple[str, Reply]] = []
-    sections: dict[str, SectionText] = {}
-    write_window = {"start": None, "end": None}
 
-    async with _clients(usable, settings) as clients:
-        fleet = Fleet(clients, caps, bus)
-        dispatcher = Dispatcher(fleet, bus, settings.attempts, bus.wants_deltas)
-        sampler = MetricsSampler(urls, interval=settings.metrics_interval_s, on_sample=bus)
-        planner = Planner(dispatcher, prompt, settings, bus, settings.templates)
-        section_template_check = render("section", settings.templates, book="", part="", chapter="", section="", words=1)
-        del section_template_check  # fail on a broken template before any request is made
+class _Job:
+    """One run of a job: plan (or take the outline from the journal) -> write what is missing -> assemble,
+    typeset and report. ``status`` ends up as complete / incomplete / interrupted / aborted (for the journal)."""
 
-        async def write_section(ref: SectionRef, order: int) -> None:
-            if write_window["start"] is None:
-                write_window["start"] = time.monotonic()
-            text = render(
-                "section", settings.templates, book=ref.book, part=ref.part, chapter=ref.chapter,
-                section=ref.title, words=settings.words,
-            )
+    def __init__(self, prompt: str, settings: Settings, out_dir: Path, bus: _Bus, journal: Journal,
+                 handle_sigint: bool):
+        self.prompt = prompt
+        self.settings = settings
+        self.out_dir = out_dir
+        self.bus = bus
+        self.journal = journal
+        self.handle_sigint = handle_sigint
+        self.status = "aborted"
+        self.requests = 0
+        self.stop = _Stop()
 
-            def build(client: BackendClient, attempt: int) -> dict:
-                return client.body(
-                    [{"role": "user", "content": text}], max_tokens=settings.max_tokens,
-                    temperature=settings.temperature,
+    async def run(self, backends: list[Backend]) -> Result:
+        from .metrics import MetricsSampler, server_counted
+
+        settings, bus, journal = self.settings, self.bus, self.journal
+        usable = await _discover_all(backends, settings)
+        journal.check_model(",".join(sorted({model for _, model in usable})))
+        caps = ensure_open_files([b.cap for b, _ in usable])
+        urls = tuple(b.url for b, _ in usable)
+        t_start = time.monotonic()
+        bus(JobStarted(self.prompt, urls, settings.public(), t_start))
+        render("section", settings.templates, book="", part="", chapter="", section="", words=1)  # fail early
+
+        sections: dict[str, SectionText] = {}
+        resumed_sections = 0
+        write_window: dict[str, float | None] = {"start": None, "end": None}
+        outline: Outline | None = journal.outline
+        t_titles: float | None = None
+
+        async with _clients(usable, settings) as clients:
+            fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
+            dispatcher = Resuming(Dispatcher(fleet, bus, settings.attempts, bus.wants_deltas), journal)
+            sampler = MetricsSampler(urls, interval=settings.metrics_interval_s, on_sample=bus)
+            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates)
+
+            async def write_section(ref: SectionRef, order: int) -> None:
+                nonlocal resumed_sections
+                stored = journal.get(ref.path, "section")
+                if stored is not None and stored.title == ref.title:  # finished by an earlier run
+                    resumed_sections += 1
+                    r = stored.reply()
+                    sections[ref.path] = SectionText(ref.path, ref.part, ref.chapter, ref.title, r.text,
+                                                     r.finish_reason, r.completion_tokens, r.backend or None)
+                    bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
+                    return
+                if write_window["start"] is None:
+                    write_window["start"] = time.monotonic()
+                text = render(
+                    "section", settings.templates, book=ref.book, part=ref.part, chapter=ref.chapter,
+                    section=ref.title, words=settings.words,
                 )
 
-            outcome = await dispatcher.run(ref.path, "section", ref.title, build, priority=(1, order))
-            r = outcome.reply
-            sections[ref.path] = SectionText(
-                ref.path, ref.part, ref.chapter, ref.title,
-                r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend,
-                None if r.ok else f"failed after {outcome.attempts} attempts: {r.error}",
+                def build(client: BackendClient, attempt: int) -> dict:
+                    return client.body(
+                        [{"role": "user", "content": text}], max_tokens=settings.max_tokens,
+                        temperature=settings.temperature,
+                    )
+
+                outcome = await dispatcher.run(ref.path, "section", ref.title, build, priority=(1, order))
+                r = outcome.reply
+                sections[ref.path] = SectionText(
+                    ref.path, ref.part, ref.chapter, ref.title,
+                    r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend,
+                    None if r.ok else f"failed after {outcome.attempts} attempts: {r.error}",
+                )
+                if r.ok:
+                    bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
+                write_window["end"] = time.monotonic()
+
+            async with anyio.create_task_group() as bg:
+                await bg.start(fleet.run)
+                bg.start_soon(sampler.run)
+                with anyio.CancelScope() as writing:
+                    bg.start_soon(self._watch_all_down, fleet, writing)
+                    if self.handle_sigint:
+                        bg.start_soon(self._watch_sigint, fleet, writing, bg)
+                    async with anyio.create_task_group() as work:
+
+                        def section_ready(book: str, part: str, chapter_path: str, chapter: str, si: int,
+                                          title: str) -> None:
+                            # pipeline: called the moment the title has streamed past in its chapter's list
+                            ref = SectionRef(f"{chapter_path}.{si}", book, part, chapter, title)
+                            work.start_soon(write_section, ref, _order_base(chapter_path, settings) + si)
+
+                        if outline is None:
+                            outline = await planner.plan(on_section=section_ready)
+                            journal.store_outline(outline)
+                            pipelined = settings.pipeline
+                        else:
+                            pipelined = False  # the journal's outline: every section can go at once
+                        t_titles = planner.t_titles_known or time.monotonic()
+                        bus(OutlineReady(outline, time.monotonic()))
+                        if not pipelined:
+                            for order, ref in enumerate(outline.sections()):
+                                work.start_soon(write_section, ref, order)
+                if self.stop.reason == "cancel":
+                    self.status = "interrupted"
+                    raise Interrupted(self._stopped_message("stopped at once (second Ctrl-C)"))
+                await sampler.sample_once()
+                bg.cancel_scope.cancel()
+            replies = list(dispatcher.replies)
+            self.requests = dispatcher.requests
+
+        if outline is None:  # stopped while planning: the book has a title at most
+            outline = Outline(title=self.prompt)
+        book = assemble(outline, sections)
+        if self.stop.reason == "interrupt" and t_titles is not None and len(sections) == len(book.sections):
+            self.stop.reason = None  # Ctrl-C came when every section was already in: nothing is missing
+        markdown = book.markdown
+        if self.stop.reason is not None:
+            markdown = _mark_incomplete(markdown, self.stop.reason, len(sections), len(book.sections),
+                                        planned=t_titles is not None)
+            book = Book(book.outline, book.sections, markdown)
+        paths = _write_outputs(self.out_dir, book, outline)
+        t_end = time.monotonic()
+        counted = None
+        if write_window["start"] is not None:
+            counted = server_counted(sampler.series, write_window["start"], write_window["end"] or t_end)
+
+        typeset_s = pdf_pages = None
+        if self.stop.reason is None and any(f in settings.formats for f in ("html", "pdf")):
+            from .typeset import typeset
+
+            info = await anyio.to_thread.run_sync(
+                lambda: typeset(book.markdown, self.out_dir, [f for f in settings.formats if f != "md"],
+                                settings.templates)
             )
-            if r.ok:
-                bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
-            write_window["end"] = time.monotonic()
+            typeset_s, pdf_pages = info.seconds, info.pdf_pages
+            if info.pdf_pages is not None and info.pdf_path:
+                paths["pdf"] = info.pdf_path
+            if info.html_path:
+                paths["html"] = info.html_path
 
-        async with anyio.create_task_group() as bg:
-            await bg.start(fleet.run)
-            bg.start_soon(sampler.run)
-            async with anyio.create_task_group() as work:
-
-                def chapter_ready(book: str, part: str, chapter_path: str, chapter: str, titles) -> None:
-                    base = _order_base(chapter_path, settings)
-                    for si, title in enumerate(titles, 1):
-                        ref = SectionRef(f"{chapter_path}.{si}", book, part, chapter, title)
-                        work.start_soon(write_section, ref, base + si)
-
-                outline = await planner.plan(on_sections=chapter_ready)
-                bus(OutlineReady(outline, time.monotonic()))
-                if not settings.pipeline:
-                    for order, ref in enumerate(outline.sections()):
-                        work.start_soon(write_section, ref, order)
-            await sampler.sample_once()
-            bg.cancel_scope.cancel()
-        replies = list(dispatcher.replies)
-
-    book = assemble(outline, sections)
-    paths = _write_outputs(out_dir, book, outline)
-    t_end = time.monotonic()
-    counted = None
-    if write_window["start"] is not None:
-        counted = server_counted(sampler.series, write_window["start"], write_window["end"])
-
-    typeset_s = pdf_pages = None
-    if any(f in settings.formats for f in ("html", "pdf")):
-        from .typeset import typeset
-
-        info = await anyio.to_thread.run_sync(
-            lambda: typeset(book.markdown, out_dir, [f for f in settings.formats if f != "md"], settings.templates)
+        defects = _write_defects(self.out_dir, book, paths)
+        plan_levels = [n - r for n, r in zip(planner.level_requests, dispatcher.resumed_levels, strict=False)]
+        stats = build_stats(
+            JobRecord(
+                backends=urls,
+                plan_levels=tuple(plan_levels),
+                book=book,
+                replies=tuple(replies),
+                t_start=t_start,
+                t_titles_known=t_titles or t_end,
+                t_write_start=write_window["start"],
+                t_write_end=write_window["end"],
+                t_end=t_end,
+                resumed_sections=resumed_sections,
+                server_counted=counted,
+                typeset_s=typeset_s,
+                pdf_pages=pdf_pages,
+            )
         )
-        typeset_s, pdf_pages = info.seconds, info.pdf_pages
-        if info.pdf_pages is not None and info.pdf_path:
-            paths["pdf"] = info.pdf_path
-        if info.html_path:
-            paths["html"] = info.html_path
+        stats["model"] = usable[0][1]
+        stats["interrupted"] = self.stop.reason is not None
+        for pb, load in zip(stats["per_backend"], fleet.loads, strict=True):
+            pb["max_in_flight"] = load.max_in_flight
+            pb["cap"] = load.cap
+            pb["left_rotation"] = load.trips
+        (self.out_dir / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+        paths["stats"] = self.out_dir / "stats.json"
+        paths["journal"] = journal.path
+        failed = tuple(s.path for s in book.sections if s.failed or s.empty)
+        complete = not failed and self.stop.reason is None
+        self.status = "complete" if complete else ("interrupted" if self.stop.reason else "incomplete")
+        bus(JobFinished(stats, complete, time.monotonic()))
+        if self.stop.reason == "all-down":
+            self.status = "aborted"
+            raise BackendError(self._stopped_message(str(fleet.all_down_error)))
+        return Result(book.markdown, outline, stats, defects, paths, complete, failed,
+                      interrupted=self.stop.reason == "interrupt")
 
-    defects = _write_defects(out_dir, book, paths)
-    stats = build_stats(
-        JobRecord(
-            backends=urls,
-            plan_levels=tuple(planner.level_requests),
-            book=book,
-            replies=tuple(replies),
-            t_start=t_start,
-            t_titles_known=planner.t_titles_known or t_end,
-            t_write_start=write_window["start"],
-            t_write_end=write_window["end"],
-            t_end=t_end,
-            server_counted=counted,
-            typeset_s=typeset_s,
-            pdf_pages=pdf_pages,
-        )
-    )
-    stats["model"] = usable[0][1]
-    for pb, load in zip(stats["per_backend"], fleet.loads, strict=True):
-        pb["max_in_flight"] = load.max_in_flight
-        pb["cap"] = load.cap
-    (out_dir / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2))
-    paths["stats"] = out_dir / "stats.json"
-    failed = tuple(s.path for s in book.sections if s.failed or s.empty)
-    complete = not failed
-    bus(JobFinished(stats, complete, time.monotonic()))
-    return Result(book.markdown, outline, stats, defects, paths, complete, failed)
+    def _stopped_message(self, why: str) -> str:
+        done = sum(1 for n in self.journal.nodes.values() if n.kind == "section") + self.journal.written_sections
+        return (f"{why}; {done} finished section(s) are in {self.journal.path}: "
+                "rerun the same command to resume")
+
+    async def _watch_all_down(self, fleet: Fleet, writing: anyio.CancelScope) -> None:
+        """Every backend out of rotation for settings.all_down_timeout_s: stop writing (the journal is intact)."""
+        await fleet.all_down.wait()
+        if self.stop.reason is None:
+            self.stop.reason = "all-down"
+        fleet.stop()
+        writing.cancel()
+
+    async def _watch_sigint(self, fleet: Fleet, writing: anyio.CancelScope, bg: anyio.abc.TaskGroup) -> None:
+        """First Ctrl-C: dispatch nothing new, let requests in flight finish (a few seconds at most), then stop
+        writing. Second Ctrl-C: stop at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            receiver = anyio.open_signal_receiver(signal.SIGINT)
+            signals = receiver.__enter__()
+        except (NotImplementedError, ValueError, RuntimeError):
+            return
+        try:
+            async for _ in signals:
+                if self.stop.reason is None:
+                    self.stop.reason = "interrupt"
+                    log.warning(
+                        "interrupted: no new requests; waiting up to %g s for %d in flight, then writing what "
+                        "exists (Ctrl-C again to stop at once)", self.settings.interrupt_grace_s, fleet.in_flight,
+                    )
+                    fleet.stop()
+                    bg.start_soon(self._drain, fleet, writing)
+                else:
+                    self.stop.reason = "cancel"
+                    writing.cancel()
+                    return
+        finally:
+            receiver.__exit__(None, None, None)
+
+    async def _drain(self, fleet: Fleet, writing: anyio.CancelScope) -> None:
+        with anyio.move_on_after(self.settings.interrupt_grace_s):
+            while fleet.in_flight:
+                await anyio.sleep(0.05)
+        writing.cancel()
+
+
+def _mark_incomplete(markdown: str, reason: str, written: int, total: int, planned: bool) -> str:
+    why = {"interrupt": "the run was interrupted", "all-down": "every backend stopped answering"}.get(reason, reason)
+    what = f"{written} of {total} sections are written" if planned else "the outline was not finished"
+    note = (f"> **Incomplete:** {why}; {what}. Rerun the same command to resume from the journal "
+            f"(journal.sqlite).\n")
+    head, _, rest = markdown.partition("\n")
+    return f"{head}\n\n{note}\n{rest.lstrip()}"
 
 
 def _order_base(chapter_path: str, settings: Settings) -> int:
