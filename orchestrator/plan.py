@@ -1,14 +1,25 @@
 """Prompt -> Outline, one request per outline node.
 
 Strict mode (``pipeline=False``, the reference run's order): the book node, then every part at once, then every
-chapter at once, each level waiting for the previous one. Pipeline mode (default): a node's children are
-requested the moment the node's own list is known, and a chapter's sections are handed to ``on_sections`` as
-soon as its list arrives, so writing overlaps planning. Either way each reply must hold exactly N distinct titles:
-too many are trimmed, too few or duplicates are asked again (as a retry).
+chapter at once, each level waiting for the previous one, and no section before the whole outline is known.
+
+Pipeline mode (default): *streaming outline expansion*. A planning reply is parsed while it streams
+(:class:`TitleStream`, fed by the Dispatcher's per-call ``on_delta``); the moment one child title is complete, that
+child starts: a part's chapter list is requested while the book's reply is still naming later parts, and a
+section is handed to the runner (``on_section``) while its chapter's list is still streaming. Planning overlaps
+writing from the first seconds; ``plan_time_s`` is still the time until the last section title is known.
+
+Both modes send the same prompts, so against a deterministic server they make the same outline: a child's prompt
+names only the siblings *before* it (the ones a streamed reply has already produced), never the later ones.
+
+Every reply must hold exactly N distinct titles: too many are trimmed, too few or duplicates are asked again
+(as a retry). How that stays consistent with children already started is :class:`_Expansion`'s rule: a title
+that started a child is *committed* and is in the final outline whatever happens to the reply it came from.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -32,8 +43,8 @@ class Titles:
 
 
 _NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•+]|\(\d+\))\s+(.*\S)\s*$")
-_TITLE_LINE = re.compile(r"^\s*(?:\*\*)?(?:book\s+)?title(?:\*\*)?\s*[:\-–]\s*(.+?)\s*$", re.I)
-_PREFIX = re.compile(r"^(?:part|chapter|section)\s+[\dIVXLC]+\s*[:.\-–]\s*", re.I)
+_TITLE_LINE = re.compile(r"^\s*(?:\*\*)?(?:book\s+)?title(?:\*\*)?\s*[:\-–]\s*(.+?)\s*$", re.IGNORECASE)
+_PREFIX = re.compile(r"^(?:part|chapter|section)\s+[\dIVXLC]+\s*[:.\-–]\s*", re.IGNORECASE)
 
 
 def clean_title(t: str) -> str:
@@ -50,8 +61,9 @@ def norm(t: str) -> str:
     return re.sub(r"[^\w]+", " ", t.lower()).strip()
 
 
-def parse_titles(text: str, n: int, want_title: bool) -> Titles:
-    """Parse a planning reply (JSON, numbered, bulleted or plain lines). Raises ValueError when unusable."""
+def extract_titles(text: str) -> tuple[str | None, list[str]]:
+    """Every (cleaned, non-empty) title a planning reply holds, untrimmed, and its book title if it names one.
+    JSON (an object with "items" or another list, or a bare list), else numbered or bulleted lines, else lines."""
     title: str | None = None
     items: list[str] = []
     stripped = text.strip()
@@ -82,7 +94,25 @@ def parse_titles(text: str, n: int, want_title: bool) -> Titles:
             items = [clean_title(x) for x in numbered]
         else:
             items = [clean_title(ln) for ln in lines if not _TITLE_LINE.match(ln)]
-    items = [x for x in items if x]
+    return title or None, [x for x in items if x]
+
+
+def parse_titles(
+    text: str, n: int, want_title: bool, fixed: tuple[str, ...] = (), fixed_title: str | None = None
+) -> Titles:
+    """Parse a planning reply (JSON, numbered, bulleted or plain lines). Raises ValueError when unusable.
+
+    ``fixed`` are titles already committed (children were started from them; see :class:`_Expansion`): they are
+    the first titles of the result whatever the reply says. A reply that begins with them is judged exactly as
+    without them; one that does not (a re-asked reply that changed its mind) contributes its titles that are not
+    already fixed, in its order. ``fixed_title`` likewise wins over the reply's book title.
+    """
+    title, items = extract_titles(text)
+    if fixed and items[: len(fixed)] != list(fixed):
+        taken = {norm(x) for x in fixed}
+        items = list(fixed) + [x for x in items if norm(x) not in taken]
+    if fixed_title:
+        title = fixed_title
     if len(items) < n:
         raise ValueError(f"expected {n} titles, got {len(items)}")
     items = items[:n]
@@ -97,6 +127,285 @@ def parse_titles(text: str, n: int, want_title: bool) -> Titles:
     return Titles(title, tuple(items))
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Incremental parsing of a streamed planning reply.
+
+
+class TitleStream:
+    """Feed it a planning reply chunk by chunk; ``title`` and ``items`` grow as titles become *complete*.
+
+    A JSON string counts once its closing quote has arrived; a numbered or bulleted line once its newline has
+    (so the last line of a text reply only counts when the reply ends, through :func:`parse_titles`). Titles are
+    cleaned exactly as :func:`extract_titles` cleans them, so for a reply that ends up usable, ``items`` is a
+    prefix of the final list. Understood shapes: an object whose "title" is a string and whose "items" is an
+    array of strings (keys in any order, other keys skipped), a bare array of strings, or text lines ("Title: X",
+    "1. A"). Anything else sets ``stalled``: no more titles from this reply until it is complete.
+    """
+
+    __slots__ = ("_key", "_line_start", "_stack", "_want_key", "buf", "i", "items", "mode", "stalled", "title")
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.i = 0  # next unread character of buf
+        self.mode: str | None = None  # None (not yet known), "json" or "text"
+        self.title: str | None = None
+        self.items: list[str] = []
+        self.stalled = False
+        self._stack: list[str] = []  # JSON containers: "o" object, "a" array
+        self._key: list[str | None] = []  # per container: the key whose value comes next (objects)
+        self._want_key: list[bool] = []  # per container: an object expects a key (not a value) next
+        self._line_start = 0
+
+    def feed(self, text: str) -> None:
+        if self.stalled:
+            return
+        self.buf += text
+        while self.mode is None:
+            rest = self.buf.lstrip()
+            if not rest:
+                return
+            if rest.startswith("```"):  # a code fence opening: skip its whole line
+                nl = rest.find("\n")
+                if nl < 0:
+                    return
+                self.buf = rest[nl + 1:]
+                continue
+            self.mode = "json" if rest[0] in "{[" else "text"
+            self.i = self._line_start = len(self.buf) - len(rest)
+        if self.mode == "json":
+            self._json()
+        else:
+            self._text()
+
+    # -- text: one complete line at a time ---------------------------------------------------------------------
+    def _text(self) -> None:
+        buf = self.buf
+        while True:
+            nl = buf.find("\n", self._line_start)
+            if nl < 0:
+                return
+            line = buf[self._line_start:nl]
+            self._line_start = nl + 1
+            s = line.strip()
+            if not s or s.startswith("```"):
+                continue
+            tm = _TITLE_LINE.match(line)
+            if tm:
+                if self.title is None:
+                    self.title = clean_title(tm.group(1)) or None
+                continue
+            m = _NUMBERED.match(line)
+            if m:
+                t = clean_title(m.group(1))
+                if t:
+                    self.items.append(t)
+            elif self.items:
+                # prose after the list: the final parse still takes the numbered lines; nothing more to start
+                self.stalled = True
+                return
+
+    # -- JSON: a small tokenizer that only ever consumes complete tokens ---------------------------------------
+    def _json(self) -> None:
+        buf = self.buf
+        n = len(buf)
+        i = self.i
+        stack, keys, want_key = self._stack, self._key, self._want_key
+        while i < n:
+            c = buf[i]
+            if c in " \t\r\n,:":
+                if c == ":" and stack and stack[-1] == "o":
+                    want_key[-1] = False
+                i += 1
+                continue
+            if c == '"':
+                j = i + 1
+                while True:
+                    j = buf.find('"', j)
+                    if j < 0:
+                        self.i = i
+                        return  # incomplete string: wait for more
+                    k = j - 1
+                    while buf[k] == "\\":
+                        k -= 1
+                    if (j - 1 - k) % 2 == 0:
+                        break
+                    j += 1
+                try:
+                    value = orjson.loads(buf[i:j + 1])
+                except orjson.JSONDecodeError:
+                    self.stalled = True
+                    return
+                i = j + 1
+                self._string(value)
+                if self.stalled:
+                    return
+                continue
+            if c in "{[":
+                self._open("o" if c == "{" else "a")
+                i += 1
+                continue
+            if c in "}]":
+                if not stack:
+                    self.stalled = True
+                    return
+                stack.pop()
+                keys.pop()
+                want_key.pop()
+                self._value_done()
+                i += 1
+                if not stack:  # the top-level value is complete
+                    self.stalled = True
+                    self.i = i
+                    return
+                continue
+            # a bare literal (number, true, false, null): complete once a delimiter follows it
+            j = i
+            while j < n and buf[j] not in " \t\r\n,:}]":
+                j += 1
+            if j >= n:
+                self.i = i
+                return
+            if self._in_items():
+                self.stalled = True  # a non-string title: positions would no longer be certain
+                return
+            self._value_done()
+            i = j
+        self.i = i
+
+    def _in_items(self) -> bool:
+        st = self._stack
+        if st == ["a"]:
+            return True
+        return len(st) == 2 and st[0] == "o" and st[1] == "a" and self._key[0] == "items"
+
+    def _open(self, kind: str) -> None:
+        if self._stack and self._in_items():
+            self.stalled = True  # nested containers inside items: not a list of titles
+            return
+        self._stack.append(kind)
+        self._key.append(None)
+        self._want_key.append(kind == "o")
+
+    def _string(self, value: str) -> None:
+        st = self._stack
+        if not st:
+            self.stalled = True
+            return
+        if st[-1] == "o" and self._want_key[-1]:
+            self._key[-1] = value
+            return
+        if self._in_items():
+            t = clean_title(value)
+            if t:
+                self.items.append(t)
+        elif len(st) == 1 and st[0] == "o" and self._key[0] == "title":
+            self.title = clean_title(value) or None
+        self._value_done()
+
+    def _value_done(self) -> None:
+        if self._stack and self._stack[-1] == "o":  # the value of an object's key is complete: a key comes next
+            self._want_key[-1] = True
+            self._key[-1] = None
+
+
+class _Expansion:
+    """One planning node's streamed expansion: commits titles from its reply as they complete and starts children.
+
+    The consistency rule (why early children are never wrong):
+
+    * A title is *committed* when a child is started from it. Committed titles are final: :func:`parse_titles`
+      puts them first in the node's list whatever a later reply says, and the node's book title is committed with
+      its first child (children's prompts carry it).
+    * Titles are committed strictly in order, only while the reply is still plausible: index < N, not a duplicate
+      of a committed title (a duplicate makes the reply unusable, so we stop there), and, in a re-asked reply, only
+      after that reply has repeated every committed title in place. Anything else stops early starts for that
+      attempt; the remaining children start when the node's final list is known.
+    * A re-asked reply is asked to keep the committed titles. If it changes its mind anyway, its new titles fill
+      the positions after the committed ones (dropping any that repeat them), so a started child is never
+      cancelled, renamed or duplicated.
+
+    When every reply is usable at the first attempt (the normal case), this is just "start each child the moment
+    its title streams past", and the outline is exactly what strict mode makes from the same prompts.
+    """
+
+    def __init__(self, n: int, want_title: bool, start_child: Callable[[int, str, str | None], None] | None):
+        self.n = n
+        self.want_title = want_title
+        self.start_child = start_child  # (index, title, book title) -> None; None in strict mode
+        self.committed: list[str] = []
+        self.norms: set[str] = set()
+        self.title: str | None = None
+        self.stream: TitleStream | None = None
+        self.matched = 0
+        self.following = False
+        self.t_first_child: float | None = None
+
+    def new_attempt(self) -> None:
+        self.stream = TitleStream()
+        self.matched = 0
+        self.following = self.start_child is not None and len(self.committed) < self.n
+
+    def on_delta(self, text: str) -> None:
+        if not self.following:
+            return
+        try:
+            self._advance(text)
+        except Exception:  # noqa: BLE001 - never let a parsing surprise reach the client's stream loop
+            self.following = False
+
+    def _advance(self, text: str) -> None:
+        s = self.stream
+        assert s is not None
+        s.feed(text)
+        if self.want_title and self.title is None and s.title is None:
+            return  # children need the book title first
+        items = s.items
+        while self.matched < len(items):
+            idx = self.matched
+            t = items[idx]
+            if idx < len(self.committed):
+                if t != self.committed[idx]:
+                    self.following = False
+                    return
+                self.matched += 1
+                continue
+            if idx >= self.n:
+                self.following = False
+                return
+            k = norm(t)
+            if k in self.norms:
+                self.following = False
+                return
+            if self.want_title and self.title is None:
+                self.title = s.title
+            self.committed.append(t)
+            self.norms.add(k)
+            self.matched += 1
+            if self.t_first_child is None:
+                self.t_first_child = time.monotonic()
+            assert self.start_child is not None
+            self.start_child(idx, t, self.title)
+        if s.stalled:
+            self.following = False
+
+    def retry_note(self) -> str:
+        if not self.committed:
+            return ""
+        keep = "; ".join(f"{i}. {t}" for i, t in enumerate(self.committed, 1))
+        book = f' Keep the book title "{self.title}".' if self.title else ""
+        return f"Keep these first {len(self.committed)} titles unchanged, in this order: {keep}.{book}"
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+SectionCallback = Callable[[str, str, str, str, int, str], None]
+
+
 class Planner:
     def __init__(self, dispatcher: Dispatcher, prompt: str, settings, emit, templates: str | None = None):
         self.d = dispatcher
@@ -106,13 +415,21 @@ class Planner:
         self.templates = templates
         self.level_requests = [0, 0, 0]
         self.t_titles_known: float | None = None
+        self.t_first_section: float | None = None  # when the first section was handed to the runner
+        # A dispatcher wrapper without the per-call on_delta hook still works: children then start when their
+        # parent's reply is complete (node-level pipelining) instead of as its titles stream.
+        self._streams = _accepts(dispatcher.run, "on_delta")
 
-    def _request(self, name: str, n: int, want_title: bool, **values):
+    def _request(self, name: str, n: int, want_title: bool, exp: _Expansion, **values):
         def build(client: BackendClient, attempt: int) -> dict:
+            exp.new_attempt()  # called at the start of every attempt: the stream parser starts afresh
             use_json = client.json_schema_ok is not False
             note = ""
             if attempt > 1:
                 note = f"Give exactly {n} distinct titles."
+                keep = exp.retry_note()
+                if keep:
+                    note += " " + keep
             text = render(name, self.templates, json=use_json, n=n, retry_note=note, **values)
             return client.body(
                 [{"role": "user", "content": text}],
@@ -122,76 +439,145 @@ class Planner:
             )
 
         def validate(reply: Reply) -> Titles:
-            return parse_titles(reply.text, n, want_title)
+            return parse_titles(reply.text, n, want_title, tuple(exp.committed), exp.title)
 
         return build, validate
 
-    async def _node(self, path: str, kind: str, label: str, name: str, n: int, want_title: bool, **values) -> Titles:
-        build, validate = self._request(name, n, want_title, **values)
+    async def _node(
+        self,
+        path: str,
+        kind: str,
+        label: str,
+        name: str,
+        n: int,
+        want_title: bool,
+        start_child: Callable[[int, str, str | None], None] | None = None,
+        **values,
+    ) -> tuple[Titles, int]:
+        """Plan one node. Returns its titles and how many children were already started from its stream."""
+        exp = _Expansion(n, want_title, start_child)
+        build, validate = self._request(name, n, want_title, exp, **values)
         self.level_requests[len(path.split(".")) if path else 0] += 1
-        out = await self.d.run(path, kind, label, build, validate, priority=(0, 0))
+        kw = {"on_delta": exp.on_delta} if start_child is not None and self._streams else {}
+        out = await self.d.run(path, kind, label, build, validate, priority=(0, 0), **kw)
         if out.value is None:
             where = f"node {path!r} ({kind} {label!r})" if path else "the book node"
             raise PlanError(f"the outline could not be made: {where} failed {out.attempts} attempts: {out.reply.error}")
-        return out.value
+        return out.value, len(exp.committed)
 
     async def plan(
-        self, on_sections: Callable[[Outline | None, str, Part, Chapter, str], Awaitable[None] | None] | None = None
+        self,
+        on_sections: Callable[[str, str, str, str, tuple[str, ...]], Awaitable[None] | None] | None = None,
+        on_section: SectionCallback | None = None,
     ) -> Outline:
-        """Make the outline. In pipeline mode ``on_sections(book, part_title, chapter_path, chapter)`` is called as
-        soon as each chapter's section titles are known."""
+        """Make the outline.
+
+        In pipeline mode ``on_section(book, part, chapter_path, chapter, index, title)`` (``index`` 1-based) is
+        called, synchronously, the moment each section title is known, possibly while its chapter's list is still
+        streaming; or, when only ``on_sections(book, part, chapter_path, chapter, titles)`` is given, once per
+        chapter with its whole list. Strict mode calls neither: the caller writes from the returned outline.
+        """
         s = self.s
-        root = await self._node("", "book", self.prompt, "book", s.parts, True, request=self.prompt)
-        book = root.title or self.prompt
-        parts = list(root.items)
-        self.emit(LevelPlanned(1, len(parts), time.monotonic()))
-        chapters: dict[int, tuple[str, ...]] = {}
+        pipeline = bool(s.pipeline)
+        parts: dict[int, str] = {}
+        chapters: dict[tuple[int, int], str] = {}
         sections: dict[tuple[int, int], tuple[str, ...]] = {}
+        chapter_lists: dict[int, tuple[str, ...]] = {}
+        book_box: dict[str, str] = {}
+        parts_done = {"n": 0}
 
         async def plan_chapter(pi: int, ci: int) -> None:
-            ch = chapters[pi]
-            got = await self._node(
-                f"{pi + 1}.{ci + 1}", "chapter", ch[ci], "chapter", s.sections, False,
-                request=self.prompt, book=book, part=parts[pi], chapter=ch[ci], index=ci + 1, count=len(ch),
-                siblings=[c for j, c in enumerate(ch) if j != ci],
+            book, part, chapter = book_box["title"], parts[pi], chapters[(pi, ci)]
+            cpath = f"{pi + 1}.{ci + 1}"
+            before = [chapters[(pi, j)] for j in range(ci)]
+
+            def start_section(si: int, title: str, _book: str | None) -> None:
+                if self.t_first_section is None:
+                    self.t_first_section = time.monotonic()
+                assert on_section is not None
+                on_section(book, part, cpath, chapter, si + 1, title)
+
+            stream = start_section if (pipeline and on_section is not None) else None
+            got, started = await self._node(
+                cpath, "chapter", chapter, "chapter", s.sections, False, stream,
+                request=self.prompt, book=book, part=part, chapter=chapter, index=ci + 1, count=s.chapters,
+                siblings=before,
             )
             sections[(pi, ci)] = got.items
-            if on_sections is not None and s.pipeline:
-                r = on_sections(book, parts[pi], f"{pi + 1}.{ci + 1}", ch[ci], got.items)
+            if not pipeline:
+                return
+            if stream is not None:
+                for si in range(started, len(got.items)):
+                    stream(si, got.items[si], None)
+            elif on_sections is not None:
+                if self.t_first_section is None:
+                    self.t_first_section = time.monotonic()
+                r = on_sections(book, part, cpath, chapter, got.items)
                 if r is not None:
                     await r
 
         async def plan_part(pi: int, tg: anyio.abc.TaskGroup | None) -> None:
-            got = await self._node(
-                f"{pi + 1}", "part", parts[pi], "part", s.chapters, False,
-                request=self.prompt, book=book, part=parts[pi], index=pi + 1, count=len(parts),
-                siblings=[p for j, p in enumerate(parts) if j != pi],
-            )
-            chapters[pi] = got.items
-            if tg is not None:  # pipeline: this part's chapters start now
-                for ci in range(len(got.items)):
-                    tg.start_soon(plan_chapter, pi, ci)
+            book, part = book_box["title"], parts[pi]
+            before = [parts[j] for j in range(pi)]
 
-        if s.pipeline:
+            def start_chapter(ci: int, title: str, _book: str | None) -> None:
+                chapters[(pi, ci)] = title
+                assert tg is not None
+                tg.start_soon(plan_chapter, pi, ci)
+
+            got, started = await self._node(
+                f"{pi + 1}", "part", part, "part", s.chapters, False, start_chapter if tg is not None else None,
+                request=self.prompt, book=book, part=part, index=pi + 1, count=s.parts, siblings=before,
+            )
+            chapter_lists[pi] = got.items
+            for ci in range(started, len(got.items)):
+                if tg is not None:
+                    start_chapter(ci, got.items[ci], None)
+                else:
+                    chapters[(pi, ci)] = got.items[ci]
+            parts_done["n"] += 1
+            if tg is not None and parts_done["n"] == len(parts):
+                self.emit(LevelPlanned(2, len(parts) * s.chapters, time.monotonic()))
+
+        if pipeline:
             async with anyio.create_task_group() as tg:
-                for pi in range(len(parts)):
+
+                def start_part(pi: int, title: str, book: str | None) -> None:
+                    parts[pi] = title
+                    if "title" not in book_box:
+                        book_box["title"] = book or self.prompt
                     tg.start_soon(plan_part, pi, tg)
-            self.emit(LevelPlanned(2, sum(len(c) for c in chapters.values()), time.monotonic()))
+
+                root, started = await self._node(
+                    "", "book", self.prompt, "book", s.parts, True, start_part, request=self.prompt
+                )
+                book_box.setdefault("title", root.title or self.prompt)
+                for pi in range(started, len(root.items)):
+                    start_part(pi, root.items[pi], root.title)
+                self.emit(LevelPlanned(1, len(root.items), time.monotonic()))
         else:
+            root, _ = await self._node("", "book", self.prompt, "book", s.parts, True, request=self.prompt)
+            book_box["title"] = root.title or self.prompt
+            for pi, t in enumerate(root.items):
+                parts[pi] = t
+            self.emit(LevelPlanned(1, len(parts), time.monotonic()))
             async with anyio.create_task_group() as tg:
                 for pi in range(len(parts)):
                     tg.start_soon(plan_part, pi, None)
-            self.emit(LevelPlanned(2, sum(len(c) for c in chapters.values()), time.monotonic()))
+            self.emit(LevelPlanned(2, len(chapters), time.monotonic()))
             async with anyio.create_task_group() as tg:
                 for pi in range(len(parts)):
-                    for ci in range(len(chapters[pi])):
+                    for ci in range(len(chapter_lists[pi])):
                         tg.start_soon(plan_chapter, pi, ci)
         self.t_titles_known = time.monotonic()
         self.emit(LevelPlanned(3, sum(len(v) for v in sections.values()), self.t_titles_known))
         return Outline(
-            title=book,
+            title=book_box["title"],
             parts=tuple(
-                Part(parts[pi], tuple(Chapter(chapters[pi][ci], sections[(pi, ci)]) for ci in range(len(chapters[pi]))))
+                Part(
+                    parts[pi],
+                    tuple(Chapter(chapters[(pi, ci)], sections[(pi, ci)]) for ci in range(len(chapter_lists[pi]))),
+                )
                 for pi in range(len(parts))
             ),
         )

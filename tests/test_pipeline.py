@@ -1,0 +1,183 @@
+"""Streaming outline expansion: the incremental parser, the commit rule, and the planner against simulated cards."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import orjson
+import pytest
+
+from orchestrator import Settings, generate
+from orchestrator.client import BackendClient
+from orchestrator.config import Backend
+from orchestrator.dispatch import Dispatcher, Fleet
+from orchestrator.events import LevelPlanned, NodeStarted
+from orchestrator.plan import Planner, TitleStream, _Expansion, extract_titles, parse_titles
+from orchestrator.sim.launch import SimFleet
+
+
+def feed_in(text: str, k: int) -> TitleStream:
+    ts = TitleStream()
+    for i in range(0, len(text), k):
+        ts.feed(text[i:i + k])
+    return ts
+
+
+# -- the incremental parser ------------------------------------------------------------------------------------
+
+JSON_REPLY = orjson.dumps(
+    {"title": 'The "Complete" Handbook', "items": ["Design, and Architecture", "Testing \\ Quality", "Ops: Day 2",
+                                                   "Data ✓ Storage"]}
+).decode()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 7, 1000])
+def test_json_titles_in_any_chunking(k):
+    ts = feed_in(JSON_REPLY, k)
+    title, items = extract_titles(JSON_REPLY)
+    assert ts.title == title
+    assert ts.items == items  # the whole array closed: every item counts
+
+
+def test_json_item_counts_only_once_its_closing_quote_arrived():
+    ts = TitleStream()
+    ts.feed('{"title": "Book", "items": ["Alpha", "Be')
+    assert ts.title == "Book" and ts.items == ["Alpha"]
+    ts.feed('ta"')
+    assert ts.items == ["Alpha", "Beta"]
+    ts.feed(', "Gam\\"ma"]}')
+    assert ts.items == ["Alpha", "Beta", 'Gam"ma']
+
+
+def test_json_keys_in_other_order_and_other_keys_skipped():
+    text = '```json\n{"notes": {"x": [1, 2]}, "items": ["A", "B"], "title": "T", "n": 2}\n```'
+    ts = feed_in(text, 3)
+    assert ts.items == ["A", "B"] and ts.title == "T"
+    assert extract_titles(text) == ("T", ["A", "B"])
+
+
+def test_bare_array_and_non_string_items_stop_streaming():
+    assert feed_in('["a", "b"]', 2).items == ["a", "b"]
+    ts = feed_in('["a", 7, "b"]', 1)
+    assert ts.items == ["a"] and ts.stalled
+
+
+def test_text_lines_count_once_their_newline_arrived():
+    ts = TitleStream()
+    ts.feed("Title: **My Book**\n1. Part One\n2. Part")
+    assert ts.title == "My Book" and ts.items == ["Part One"]
+    ts.feed(" Two\n3. Part Three")
+    assert ts.items == ["Part One", "Part Two"]  # the last line only counts with the whole reply
+    assert parse_titles("Title: **My Book**\n1. Part One\n2. Part Two\n3. Part Three", 3, True).items == (
+        "Part One", "Part Two", "Part Three")
+
+
+def test_text_prefix_agrees_with_the_final_parse():
+    text = "Sure.\n\n1. Chapter 1: Basics\n2) `Advanced`\n- \"Extras\"\n(4) Part IV - End\n"
+    ts = feed_in(text, 5)
+    assert ts.items == extract_titles(text)[1] == ["Basics", "Advanced", "Extras", "End"]
+
+
+# -- the commit rule -------------------------------------------------------------------------------------------
+
+def test_expansion_starts_children_in_order_and_stops_at_a_duplicate():
+    started = []
+    exp = _Expansion(4, True, lambda i, t, b: started.append((i, t, b)))
+    exp.new_attempt()
+    for piece in ['{"title":"B', 'ook","items":["A",', '"B","a","C"]}']:
+        exp.on_delta(piece)
+    # "a" repeats "A": this reply will be re-asked, so nothing after it starts early
+    assert started == [(0, "A", "Book"), (1, "B", "Book")]
+    with pytest.raises(ValueError):
+        parse_titles('{"title":"Book","items":["A","B","a","C"]}', 4, True, tuple(exp.committed), exp.title)
+    # the retry changes its mind: committed titles stay first, the retry fills the rest
+    exp.new_attempt()
+    for piece in ['{"title":"Other","items":["X","A"', ',"D","E","F"]}']:
+        exp.on_delta(piece)
+    assert started == [(0, "A", "Book"), (1, "B", "Book")]  # "X" is not where "A" was: no early start
+    got = parse_titles('{"title":"Other","items":["X","A","D","E","F"]}', 4, True, tuple(exp.committed), exp.title)
+    assert got.title == "Book" and got.items == ("A", "B", "X", "D")
+
+
+def test_expansion_retry_that_repeats_the_committed_prefix_continues():
+    started = []
+    exp = _Expansion(3, False, lambda i, t, b: started.append(t))
+    exp.new_attempt()
+    exp.on_delta('{"items":["A","B"')  # then the stream is cut
+    exp.new_attempt()
+    exp.on_delta('{"items":["A","B","C","D"]}')
+    assert started == ["A", "B", "C"]  # D is past N: trimmed, never started
+    assert parse_titles('{"items":["A","B","C","D"]}', 3, False, tuple(exp.committed)).items == ("A", "B", "C")
+
+
+def test_strict_expansion_starts_nothing():
+    exp = _Expansion(3, False, None)
+    exp.new_attempt()
+    exp.on_delta('{"items":["A","B","C"]}')
+    assert exp.committed == []
+
+
+# -- against simulated cards -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cards():
+    with SimFleet(cards=2, time_scale=0.5) as fleet:
+        yield fleet
+
+
+def test_pipelined_and_strict_make_the_same_outline(cards, tmp_path):
+    kw = {"parts": 2, "chapters": 3, "sections": 4, "words": 40, "max_tokens": 80, "formats": ("md",)}
+    a = generate("Write me a complete software engineering handbook", cards.urls,
+                 Settings(pipeline=True, **kw), out=tmp_path / "p")
+    b = generate("Write me a complete software engineering handbook", cards.urls,
+                 Settings(pipeline=False, **kw), out=tmp_path / "s")
+    assert a.complete and b.complete
+    assert a.outline == b.outline
+    assert a.outline.shape == (2, 6, 24)
+    assert a.markdown == b.markdown
+
+
+@pytest.mark.parametrize("json_schema", [True, False])
+def test_children_start_while_the_parent_reply_still_streams(json_schema):
+    """Drive the Planner with the real Dispatcher: a part starts before the book reply ends, a section before
+    its chapter's reply ends."""
+    events: list = []
+    started_sections: list[tuple[float, str]] = []
+
+    async def main() -> None:
+        with SimFleet(cards=1, time_scale=1.0, no_json_schema=not json_schema) as fleet:
+            backend = Backend(fleet.urls[0], cap=64)
+            async with BackendClient(backend, "sim-qwen3") as client:
+                fleet_ = Fleet([client], [64], events.append)
+                d = Dispatcher(fleet_, events.append, attempts=3, wants_deltas=False)
+                planner = Planner(d, "Write me a complete software engineering handbook",
+                                  Settings(parts=3, chapters=3, sections=6), events.append)
+
+                def on_section(book, part, cpath, chapter, si, title):
+                    started_sections.append((time.monotonic(), f"{cpath}.{si}"))
+
+                async with anyio.create_task_group() as tg:
+                    await tg.start(fleet_.run)
+                    outline = await planner.plan(on_section=on_section)
+                    tg.cancel_scope.cancel()
+                by_path = {}
+                for ev in events:
+                    if isinstance(ev, NodeStarted):
+                        by_path.setdefault(ev.path, ev.t)
+                assert outline.shape == (3, 9, 54)
+                assert sorted(p for _, p in started_sections) == sorted(r.path for r in outline.sections())
+                # the book's reply ends when level 1 is planned; part 1 started before that
+                level1 = next(ev.t for ev in events if isinstance(ev, LevelPlanned) and ev.level == 1)
+                assert by_path["1"] < level1
+                # the first section started before the last chapter list was complete
+                level3 = next(ev.t for ev in events if isinstance(ev, LevelPlanned) and ev.level == 3)
+                first_section = min(t for t, _ in started_sections)
+                assert first_section < level3
+                # ...and before its own chapter's reply was complete (chapter 1.1's reply)
+                ch = [r for k, r in d.replies if k == "chapter"]
+                assert ch and first_section < max(r.t_end for r in ch)
+                assert planner.t_first_section is not None and planner.t_first_section < min(
+                    r.t_end for r in ch)
+
+    anyio.run(main)
