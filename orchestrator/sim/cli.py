@@ -258,6 +258,9 @@ def _run_multi(cfg: SimConfig, cards: int, port: int, procs: int) -> int:
         while not stopping["flag"]:
             done = multiprocessing.connection.wait(sentinels, timeout=0.5)
             if done:
+                time.sleep(0.2)  # a signal to the whole process group reaches the children first
+                if stopping["flag"]:
+                    break
                 dead = [p for p in workers if not p.is_alive()]
                 print(f"sim: error: simulator process {dead[0].pid} exited with code {dead[0].exitcode}",
                       file=sys.stderr, flush=True)
