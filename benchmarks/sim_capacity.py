@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import aiohttp  # noqa: E402
-import orjson  # noqa: E402
+import aiohttp
+import orjson
 
-from orchestrator.sim.engine import EngineConfig  # noqa: E402
-from orchestrator.sim.launch import SimFleet  # noqa: E402
+from orchestrator.sim.engine import EngineConfig
+from orchestrator.sim.launch import SimFleet
 
 PROMPT = "Write the section \"{i}\" of a software engineering handbook in about 250 words."
 
@@ -42,7 +42,7 @@ async def aiohttp_worker(session, url, i, max_tokens, stop, counts):
                         d = orjson.loads(line[6:])
                         if d["choices"]:
                             counts["chunks"] += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             counts["errors"] += 1
         counts["requests"] += 1
 

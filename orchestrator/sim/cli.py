@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import multiprocessing
 import multiprocessing.connection
@@ -83,7 +84,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, int, int, int]:
     positive = {"step-ms": args.step_ms, "per-stream-ms": args.per_stream_ms, "time-scale": args.time_scale,
                 "prefill-ms-per-token": args.prefill_ms_per_token}
     for name, v in positive.items():
-        if not v >= 0 or v != v or v == float("inf"):
+        if not 0 <= v < float("inf"):  # also rejects NaN
             raise ConfigError(f"--{name} must be a non-negative number, got {v}")
     if args.time_scale <= 0:
         raise ConfigError(f"--time-scale must be positive, got {args.time_scale}")
@@ -193,10 +194,8 @@ def _worker(conn, stop_r: int, cfg: SimConfig, indexes: list[int], first_port: i
         conn.send(("error", str(e)))
         os._exit(2)
     except BaseException as e:  # noqa: BLE001 - report anything to the parent
-        try:
+        with contextlib.suppress(Exception):
             conn.send(("error", f"{type(e).__name__}: {e}"))
-        except Exception:  # noqa: BLE001
-            pass
         os._exit(1)
     os._exit(0)
 

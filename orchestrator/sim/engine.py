@@ -14,6 +14,7 @@ as long as the process keeps up; when it does not, the slip is recorded in ``lat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -48,8 +49,20 @@ class EngineConfig:
 class Stream:
     """One request inside the engine. ``count`` is the number of tokens generated so far."""
 
-    __slots__ = ("prompt_tokens", "n", "need", "admit", "count", "done", "cancelled", "waiter",
-                 "t_arrival", "t_first", "state", "sink")
+    __slots__ = (
+        "admit",
+        "cancelled",
+        "count",
+        "done",
+        "n",
+        "need",
+        "prompt_tokens",
+        "sink",
+        "state",
+        "t_arrival",
+        "t_first",
+        "waiter",
+    )
 
     def __init__(self, prompt_tokens: int, n: int):
         if n < 1:
@@ -117,10 +130,8 @@ class Engine:
         self._idle.set()
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         self.drop_all()
 
     def submit(self, s: Stream) -> None:
@@ -202,7 +213,7 @@ class Engine:
 
     def _observe_ttft(self, seconds: float) -> None:
         i = 0
-        for i, b in enumerate(TTFT_BUCKETS):  # noqa: B007
+        for i, b in enumerate(TTFT_BUCKETS):
             if seconds <= b:
                 break
         else:

@@ -26,12 +26,12 @@ from typing import Any
 
 import orjson
 
-
 # --------------------------------------------------------------------------------------------------------------
 # tokenisation
 
 WORD_PIECE = 8  # most letters in one piece: longer words become several pieces (calibrated: ~1.42 per word)
-_PIECE_RE = re.compile(r" ?[A-Za-z]{1,%d}|[A-Za-z]{1,%d}| ?\d{1,3}|\n+| +|[^\sA-Za-z\d]{1,2}|\s" % (WORD_PIECE, WORD_PIECE))
+_PIECE_RE = re.compile(rf" ?[A-Za-z]{{1,{WORD_PIECE}}}|[A-Za-z]{{1,{WORD_PIECE}}}| ?\d{{1,3}}|\n+| +"
+                       r"|[^\sA-Za-z\d]{1,2}|\s")
 
 
 def tokenize(text: str) -> list[str]:
@@ -923,7 +923,7 @@ def snippet(rng: random.Random, concept: str, subject: str) -> tuple[str, str]:
     C = _camel("_".join(parts))
     F = f.split("_")[0] + "".join(w.capitalize() for w in f.split("_")[1:])
     n = rng.randint(2, 9)
-    fill = dict(f=f, C=C, F=F, n=n, n2=rng.randint(2, 9), a=rng.randint(2, 5))
+    fill = {"f": f, "C": C, "F": F, "n": n, "n2": rng.randint(2, 9), "a": rng.randint(2, 5)}
     if rng.random() < PYTHON_SHARE:
         return "python", rng.choice(_PY_SNIPPETS).format(**fill)
     lang, tpl = rng.choice(_OTHER_SNIPPETS)
