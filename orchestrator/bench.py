@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,8 +213,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     out = _prepare_out(settings.out)
     _raise_open_file_limit(max(settings.streams) * len(settings.backends) + 4 * len(settings.backends) + 64)
-    err = Console(stderr=True, highlight=False)
-    ladder = anyio.run(_run_unwrapped, settings, err)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    ladder = anyio.run(_run_unwrapped, settings, err, lambda partial: write_outputs(partial, out))
     write_outputs(ladder, out)
     console = stdout_console()
     console.print(ladder_table(ladder))
@@ -277,9 +278,11 @@ def _first_handbook_error(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _run_unwrapped(settings: BenchSettings, console: Console) -> dict[str, Any]:
+async def _run_unwrapped(
+    settings: BenchSettings, console: Console, on_level: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     try:
-        return await run_ladder(settings, console)
+        return await run_ladder(settings, console, on_level)
     except BaseExceptionGroup as eg:
         found = _first_handbook_error(eg)
         if found is not eg:
@@ -343,9 +346,17 @@ async def discover(settings: BenchSettings) -> tuple[list[Target], Any]:
     return [targets[u] for u in settings.backends], time_scale
 
 
-async def run_ladder(settings: BenchSettings, console: Console | None = None) -> dict[str, Any]:
-    """Measure every level against every backend; return the ladder (``ladder.json``'s content)."""
-    console = console or Console(stderr=True, highlight=False)
+async def run_ladder(
+    settings: BenchSettings,
+    console: Console | None = None,
+    on_level: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Measure every level against every backend; return the ladder (``ladder.json``'s content).
+
+    ``on_level`` sees the ladder so far after each level (the command writes its files then, so an interrupted
+    bench keeps the levels it finished).
+    """
+    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     targets, time_scale = await discover(settings)
     urls = [t.url for t in targets]
     models = sorted({t.model for t in targets})
@@ -380,6 +391,8 @@ async def run_ladder(settings: BenchSettings, console: Console | None = None) ->
                 numbers=numbers,
             )
             levels.append(level)
+            if on_level is not None:
+                on_level(_ladder(settings, started, urls, models, time_scale, levels))
             console.print(
                 f"  sustained {level['sustained_tok_s']:,.1f} tok/s, best second "
                 f"{level['best_second_tok_s']:,.1f}, per stream {level['per_stream_tok_s']:,.2f}"
@@ -388,6 +401,17 @@ async def run_ladder(settings: BenchSettings, console: Console | None = None) ->
             if not await wait_drained(sampler, urls, limit=60):
                 console.print("[yellow]warning:[/] the servers did not drain between levels")
         tg.cancel_scope.cancel()
+    return _ladder(settings, started, urls, models, time_scale, levels)
+
+
+def _ladder(
+    settings: BenchSettings,
+    started: float,
+    urls: list[str],
+    models: list[str],
+    time_scale: Any,
+    levels: list[dict[str, Any]],
+) -> dict[str, Any]:
     return {
         "label": settings.label,
         "created": _dt.datetime.fromtimestamp(started, _dt.UTC).isoformat(timespec="seconds"),
@@ -399,7 +423,7 @@ async def run_ladder(settings: BenchSettings, console: Console | None = None) ->
         "interval_s": settings.interval,
         "time_scale": time_scale,
         "metric": "vllm:generation_tokens_total",
-        "levels": levels,
+        "levels": list(levels),
         "fit": fit_step(levels),
     }
 

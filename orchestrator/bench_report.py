@@ -201,8 +201,8 @@ def chart_svg(ladder: dict[str, Any]) -> str:
     """Total and per-stream tok/s against streams (log2 x axis), the fit's prediction dashed; one SVG string."""
     levels = [lv for lv in ladder["levels"] if lv.get("sustained_tok_s") is not None]
     k = max(1, len(ladder.get("backends") or [1]))
-    w, h = 760, 440
-    left, right, top, bottom = 78, 78, 48, 62
+    w, h = 760, 480
+    left, right, top, bottom = 78, 78, 48, 104
     pw, ph = w - left - right, h - top - bottom
     xs = [float(lv["streams"]) for lv in levels] or [1.0]
     lx_min, lx_max = math.log2(min(xs)), math.log2(max(xs))
@@ -216,9 +216,11 @@ def chart_svg(ladder: dict[str, Any]) -> str:
         step = fit["a_ms"] + fit["b_ms"] * n
         return k * 1000.0 * n / step if step > 0 else None
 
+    ceiling = k * fit["ceiling_tok_s"] if fit and fit.get("ceiling_tok_s") else None
     tot_max = _nice_max(
         max(
-            [lv["sustained_tok_s"] for lv in levels]
+            [ceiling or 0]
+            + [lv["sustained_tok_s"] for lv in levels]
             + [lv.get("best_second_tok_s") or 0 for lv in levels]
             + [pred_total(x) or 0 for x in xs]
             + [1.0]
@@ -266,7 +268,7 @@ def chart_svg(ladder: dict[str, Any]) -> str:
         out.append(f'<text x="{px:.1f}" y="{top + ph + 18}" text-anchor="middle">{int(x)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
     out.append(
-        f'<text x="{left + pw / 2}" y="{h - 18}" text-anchor="middle">'
+        f'<text x="{left + pw / 2}" y="{top + ph + 40}" text-anchor="middle">'
         f"streams{' per server' if k > 1 else ''} (log scale)</text>"
     )
     out.append(
@@ -291,6 +293,12 @@ def chart_svg(ladder: dict[str, Any]) -> str:
                 f'<polyline points="{" ".join(pts)}" fill="none" stroke="{grey}" stroke-dasharray="5,4"/>'
             )
 
+    if ceiling:
+        y = YL(ceiling)
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="{grey}" stroke-dasharray="1,3"/>'
+        )
+
     def series(values: list[tuple[float, float]], y, color: str) -> None:
         if not values:
             return
@@ -309,23 +317,27 @@ def chart_svg(ladder: dict[str, Any]) -> str:
         if not lv.get("held", True):
             px, py = X(float(lv["streams"])), YL(lv["sustained_tok_s"])
             out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="7" fill="none" stroke="red" stroke-width="2"/>')
-    # legend
-    lx, ly = left + 12, top + 14
-    legend = [(blue, "", "total tok/s"), (orange, "", "per-stream tok/s")]
+    # legend: two rows under the x axis label, outside the plot
+    legend: list[tuple[str, str, str, str]] = [
+        ("line", blue, "", "total tok/s (left axis)"),
+        ("line", orange, "", "per-stream tok/s (right axis)"),
+    ]
     if fit:
-        legend.append((grey, "5,4", f"fit: step = {fit['a_ms']:.2f} + {fit['b_ms']:.4f} x N ms"))
+        legend.append(("line", grey, "5,4", f"fit: step = {fit['a_ms']:.2f} + {fit['b_ms']:.4f} x N ms"))
+        if ceiling:
+            legend.append(("line", grey, "1,3", f"implied ceiling {ceiling:,.0f} tok/s"))
     if any(not lv.get("held", True) for lv in levels):
-        legend.append(("red", "2,2", "level not held (requests waiting)"))
-    longest = max(len(label) for _, _, label in legend)
-    out.append(
-        f'<rect x="{lx - 6}" y="{ly - 10}" width="{40 + 6.6 * longest:.0f}" height="{16 * len(legend) + 4}" '
-        'fill="white" fill-opacity="0.85" stroke="#cccccc"/>'
-    )
-    for i, (color, dash, label) in enumerate(legend):
-        y = ly + 16 * i
-        d = f' stroke-dasharray="{dash}"' if dash else ""
-        out.append(f'<line x1="{lx}" y1="{y}" x2="{lx + 22}" y2="{y}" stroke="{color}" stroke-width="2"{d}/>')
-        out.append(f'<text x="{lx + 28}" y="{y + 4}">{escape(label)}</text>')
+        legend.append(("ring", "red", "", "level not held (requests waiting)"))
+    col_w = pw / 2
+    for i, (kind, color, dash, label) in enumerate(legend):
+        x = left + col_w * (i % 2)
+        y = top + ph + 64 + 18 * (i // 2)
+        if kind == "ring":
+            out.append(f'<circle cx="{x + 11}" cy="{y}" r="6" fill="none" stroke="{color}" stroke-width="2"/>')
+        else:
+            d = f' stroke-dasharray="{dash}"' if dash else ""
+            out.append(f'<line x1="{x}" y1="{y}" x2="{x + 22}" y2="{y}" stroke="{color}" stroke-width="2"{d}/>')
+        out.append(f'<text x="{x + 28}" y="{y + 4}">{escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

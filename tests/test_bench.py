@@ -101,7 +101,9 @@ def test_two_cards_sum_to_twice_one(one_card_ladder):
     one = next(lv for lv in ladder1["levels"] if lv["streams"] == 16)
     with SimFleet(cards=2, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS) as fleet:
         settings = BenchSettings(backends=tuple(fleet.urls), streams=(16,), window=4.0, out="unused")
-        ladder2 = anyio.run(run_ladder, settings)
+        partial: list[dict] = []
+        ladder2 = anyio.run(run_ladder, settings, None, partial.append)
+    assert len(partial) == 1 and partial[0]["levels"] == ladder2["levels"]  # written after every level
     two = ladder2["levels"][0]
     assert ladder2["backends"] == fleet.urls
     assert two["sustained_tok_s"] == pytest.approx(2 * one["sustained_tok_s"], rel=0.05)
