@@ -1,0 +1,175 @@
+"""A tiny misbehaving HTTP server for tests: things a real fleet (or a wrong URL) throws at the client.
+
+    with FakeServer("not-openai") as srv:      # srv.url = "http://127.0.0.1:P/v1"
+        ...
+
+Modes:
+  not-openai   answers every path with an HTML page (a web server, not an OpenAI-compatible API)
+  auth         an OpenAI-like server that demands ``Authorization: Bearer <key>`` (401 otherwise, echoing the key
+               it got like some real servers do); with the right key it behaves like ``ok``
+  garbage      /v1/models is fine; the book request gets a proper title list, every other chat reply is prose
+               that holds no list of titles
+  stall        /v1/models is fine; chat streams two chunks, then goes silent for ``stall_s`` on the first
+               ``stall_count`` requests, then answers normally
+  retry-after  the first ``stall_count`` chat requests get 429 with ``Retry-After: retry_after``; then normal
+  ok           a minimal well-behaved server (fixed JSON title lists / prose)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeServer:
+    def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
+                 retry_after: float = 2.0, model: str = "fake-model"):
+        self.mode = mode
+        self.key = key
+        self.stall_s = stall_s
+        self.stall_count = stall_count
+        self.retry_after = retry_after
+        self.model = model
+        self.chat_requests: list[float] = []  # arrival times (time.monotonic())
+        self.auth_seen: list[str] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> FakeServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):  # noqa: N802
+                server._get(self)
+
+            def do_POST(self):  # noqa: N802
+                server._post(self)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    # -- handlers ---------------------------------------------------------------------------------------------
+
+    def _send(self, h, status: int, body: bytes, ctype: str = "application/json", headers: dict | None = None):
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _authorised(self, h) -> bool:
+        if self.mode != "auth":
+            return True
+        got = h.headers.get("Authorization", "")
+        self.auth_seen.append(got)
+        if got == f"Bearer {self.key}":
+            return True
+        sent = got.removeprefix("Bearer ")
+        body = {"error": {"message": f"Incorrect API key provided: {sent}", "type": "invalid_request_error",
+                          "code": "invalid_api_key"}}
+        self._send(h, 401, json.dumps(body).encode())
+        return False
+
+    def _get(self, h) -> None:
+        if self.mode == "not-openai":
+            self._send(h, 200, b"<html><body><h1>Welcome to nginx!</h1></body></html>", "text/html")
+            return
+        if not self._authorised(h):
+            return
+        if h.path.rstrip("/") == "/v1/models":
+            body = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "test"}]}
+            self._send(h, 200, json.dumps(body).encode())
+        else:
+            self._send(h, 404, b'{"error": {"message": "not found"}}')
+
+    def _post(self, h) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        if self.mode == "not-openai":
+            self._send(h, 200, b"<html>hello</html>", "text/html")
+            return
+        if not self._authorised(h):
+            return
+        with self._lock:
+            self.chat_requests.append(time.monotonic())
+            n = len(self.chat_requests)
+        try:
+            req = json.loads(raw)
+        except ValueError:
+            self._send(h, 400, b'{"error": {"message": "bad json"}}')
+            return
+        if self.mode == "retry-after" and n <= self.stall_count:
+            self._send(h, 429, b'{"error": {"message": "slow down"}}',
+                       headers={"Retry-After": f"{self.retry_after:g}"})
+            return
+        text = self._answer(req)
+        self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count)
+
+    def _answer(self, req: dict) -> str:
+        rf = req.get("response_format") or {}
+        schema = (rf.get("json_schema") or {}).get("schema") or {}
+        props = schema.get("properties") or {}
+        items = props.get("items") or {}
+        n = items.get("minItems") or items.get("maxItems")
+        is_list = bool(props)
+        content = " ".join(m.get("content", "") for m in req.get("messages", []))
+        if not is_list and ("titles" in content.lower() and "list" in content.lower()):
+            is_list = True
+        if self.mode == "garbage" and not (is_list and "title" in props):
+            return "I am sorry, but I would rather talk about the weather today. It is sunny."
+        if is_list:
+            count = int(n or 12)
+            body: dict = {"items": [f"Topic {i} of the {req.get('model')} book" for i in range(1, count + 1)]}
+            if "title" in props:
+                body["title"] = "A Test Book"
+            return json.dumps(body)
+        return "This section explains the topic in plain words. " * 8
+
+    def _stream(self, h, text: str, stall: bool) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        pieces = [text[i:i + 16] for i in range(0, len(text), 16)] or [""]
+        try:
+            for i, p in enumerate(pieces):
+                chunk = {"id": "x", "object": "chat.completion.chunk", "model": self.model,
+                         "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+                h.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                h.wfile.flush()
+                if stall and i == 1:
+                    time.sleep(self.stall_s)
+                    return
+            end = {"id": "x", "object": "chat.completion.chunk", "model": self.model,
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            usage = {"id": "x", "object": "chat.completion.chunk", "model": self.model, "choices": [],
+                     "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text) // 4),
+                               "total_tokens": 10 + len(text) // 4}}
+            h.wfile.write(b"data: " + json.dumps(end).encode() + b"\n\n")
+            h.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+            h.wfile.write(b"data: [DONE]\n\n")
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        h.close_connection = True

@@ -1,0 +1,273 @@
+"""Every bad input gets a one-line message and its exit code, never a traceback (issue 4, item 6).
+
+Each case runs the real CLI (``python -m orchestrator ...``) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sim.launch import SimFleet
+
+from fake_openai import FakeServer
+
+SECRET = "sk-test-very-secret-key-0123456789abcdef"
+SMALL = ["--parts", "1", "--chapters", "2", "--sections", "2", "--words", "40", "--max-tokens", "60",
+         "--format", "md", "-q"]
+
+
+def handbook(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.pop("OPENAI_API_KEY", None)
+    e.pop("HANDBOOK_BACKENDS", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=timeout, env=e)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
+    """The process exited with ``code`` and said why in exactly one 'handbook: error:' line, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("handbook: error:")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def card():
+    with SimFleet(cards=1) as fleet:
+        yield fleet.urls[0]
+
+
+# -- flags and job files ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_empty_prompt(prompt):
+    line = one_line_error(handbook(prompt, "--backend", "http://127.0.0.1:9/v1"), 2)
+    assert "prompt is empty" in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--parts", "0", "at least 1"),
+        ("--chapters", "-3", "at least 1"),
+        ("--sections", "2.5", "whole number"),
+        ("--cap", "0", "at least 1"),
+        ("--cap", "many", "whole number"),
+        ("--words", "-1", "at least 1"),
+        ("--max-tokens", "1e3", "whole number"),
+    ],
+)
+def test_bad_numbers(flag, value, says):
+    line = one_line_error(handbook("A book", flag, value, "--backend", "http://127.0.0.1:9/v1"), 2)
+    assert flag in line and says in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["localhost:8000", "http://:8000/v1", "http://127.0.0.1:99999/v1", "ftp://127.0.0.1/v1",
+     "http://127.0.0.1:8000/api"],
+)
+def test_malformed_url(url):
+    line = one_line_error(handbook("A book", "--backend", url), 2)
+    assert "backend URL" in line and url in line
+
+
+def test_unreachable_backend_exit_3_fast(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    t0 = time.monotonic()
+    proc = handbook("A book", "--backend", url, "--out", str(tmp_path / "o"), *SMALL)
+    assert time.monotonic() - t0 < 10
+    line = one_line_error(proc, 3)
+    assert "cannot reach" in line and url in line
+
+
+def test_invalid_toml_names_its_line(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('prompt = "A book"\nparts = 2\nchapters = = 3\n')
+    line = one_line_error(handbook("--config", str(job)), 2)
+    assert "invalid TOML" in line and "line 3" in line
+
+
+def test_unknown_toml_key_names_its_line(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('prompt = "A book"\nparts = 2\n\nchapterz = 3\n')
+    line = one_line_error(handbook("--config", str(job)), 2)
+    assert "'chapterz'" in line and "line 4" in line
+
+
+def test_bad_value_in_toml(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('prompt = "A book"\nparts = 0\nbackends = ["http://127.0.0.1:9/v1"]\n')
+    line = one_line_error(handbook("--config", str(job)), 2)
+    assert "parts" in line and "at least 1" in line
+
+
+def test_out_dir_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    line = one_line_error(handbook("A book", "--backend", "http://127.0.0.1:9/v1", "--out",
+                                   str(blocker / "out")), 2)
+    assert "cannot write to output directory" in line
+
+
+# -- servers that are not what they should be -------------------------------------------------------------------
+
+
+def test_not_an_openai_server(tmp_path):
+    with FakeServer("not-openai") as srv:
+        line = one_line_error(handbook("A book", "--backend", srv.url, "--out", str(tmp_path / "o"), *SMALL), 3)
+    assert "not an OpenAI-compatible server" in line and srv.url in line
+
+
+def test_wrong_model_names_the_models_offered(card, tmp_path):
+    line = one_line_error(handbook("A book", "--backend", card, "--model", "gpt-9", "--out", str(tmp_path / "o"),
+                                   *SMALL), 2)
+    assert "'gpt-9'" in line and "sim-qwen3" in line
+
+
+def test_401_never_prints_the_key(tmp_path):
+    with FakeServer("auth", key="the-right-key") as srv:
+        proc = handbook("A book", "--backend", srv.url, "--api-key", SECRET, "--out", str(tmp_path / "o"), *SMALL)
+        proc_env = handbook("A book", "--backend", srv.url, "--out", str(tmp_path / "o2"), *SMALL,
+                            env={"OPENAI_API_KEY": SECRET})
+        assert any(SECRET in a for a in srv.auth_seen)  # it was sent...
+    for p in (proc, proc_env):
+        line = one_line_error(p, 3)
+        assert "refused the API key" in line and "401" in line
+        assert SECRET not in p.stdout + p.stderr  # ...but never printed
+        assert SECRET[-8:] not in p.stdout + p.stderr
+
+
+def test_outline_replies_unusable_after_retries_name_the_node(tmp_path):
+    with FakeServer("garbage") as srv:
+        proc = handbook("A book", "--backend", srv.url, "--attempts", "2", "--out", str(tmp_path / "o"), *SMALL)
+    line = one_line_error(proc, 1)
+    assert "outline could not be made" in line
+    assert "node '1' (part 'Topic 1 of the fake-model book')" in line
+    assert "unusable reply" in line
+
+
+# -- the out dir's journal --------------------------------------------------------------------------------------
+
+
+def test_out_dir_holding_another_jobs_journal(card, tmp_path):
+    out = tmp_path / "o"
+    first = handbook("A book about gardens", "--backend", card, "--out", str(out), *SMALL)
+    assert first.returncode == 0, first.stderr
+    assert (out / "journal.sqlite").exists()
+    line = one_line_error(handbook("A book about boats", "--backend", card, "--out", str(out), *SMALL), 2)
+    assert "another job's journal" in line and "A book about gardens" in line and "--fresh" in line
+    # Settings that would change the book: say so and stop...
+    line = one_line_error(handbook("A book about gardens", "--backend", card, "--out", str(out), *SMALL,
+                                   "--sections", "3"), 2)
+    assert "sections 2 -> 3" in line and "--fresh" in line
+    # ...unless --fresh.
+    again = handbook("A book about boats", "--backend", card, "--out", str(out), *SMALL, "--fresh")
+    assert again.returncode == 0, again.stderr
+    assert "boats" in (out / "book.md").read_text().lower() or (out / "book.md").exists()
+
+
+def test_not_a_journal(card, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "journal.sqlite").write_bytes(b"this is not a database, it is a text file " * 50)
+    line = one_line_error(handbook("A book", "--backend", card, "--out", str(out), *SMALL), 2)
+    assert "not a handbook journal" in line
+
+
+def journal_sections(out: Path) -> int:
+    import sqlite3
+
+    if not (out / "journal.sqlite").exists():
+        return 0
+    db = sqlite3.connect(out / "journal.sqlite", timeout=5)
+    try:
+        return db.execute("SELECT count(*) FROM nodes WHERE kind='section'").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+    finally:
+        db.close()
+
+
+def test_all_backends_down_exit_3_journal_intact(tmp_path):
+    """Every backend goes away mid-job: exit 3 with a clear message; the journal keeps the outline and what was
+    finished, so the same command resumes once a backend is back."""
+    import json
+    import sqlite3
+
+    job = tmp_path / "job.toml"
+    job.write_text("all_down_timeout_s = 2.0\nconnect_timeout_s = 2.0\n")
+    out = tmp_path / "o"
+    args = ["A book about rivers", "--config", str(job), "--out", str(out), "--parts", "2", "--chapters", "3",
+            "--sections", "8", "--words", "100", "--max-tokens", "150", "--cap", "4", "--format", "md", "-q"]
+    e = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
+    with SimFleet(cards=2) as fleet:
+        cmd = [sys.executable, "-m", "orchestrator", *args, *sum((["--backend", u] for u in fleet.urls), [])]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+        deadline = time.monotonic() + 120
+        while journal_sections(out) < 8 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        t_down = time.monotonic()
+        fleet.stop()  # every card gone at once
+        stdout, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - t_down < 20
+    line = one_line_error(subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), 3)
+    assert "every backend stopped answering" in line and "rerun the same command to resume" in line
+    db = sqlite3.connect(out / "journal.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key='outline'").fetchone() is not None
+    db.close()
+    done = journal_sections(out)
+    assert 8 <= done < 48
+    assert "Incomplete" in (out / "book.md").read_text()
+    # The same command against live cards resumes and requests only what is missing.
+    with SimFleet(cards=2) as fleet:
+        proc = handbook(*args, *sum((["--backend", u] for u in fleet.urls), []))
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["resumed_sections"] == done
+    assert stats["requests"] - stats["planning_requests"] == 48 - done
+    assert stats["planning_requests"] == 0 and stats["sections"] == 48 and stats["failed_sections"] == 0
+
+
+def test_secrets_never_written(card, tmp_path):
+    """The API key goes to the server, never into logs, stats, the journal or any output."""
+    out = tmp_path / "o"
+    job = tmp_path / "job.toml"
+    job.write_text(f'api_key = "{SECRET}"\n')
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # a warning about it goes to the log
+    proc = handbook("A book about keys", "--backend", card, "--backend", dead, "--out", str(out),
+                    "--format", "md,html", "--parts", "1", "--chapters", "2", "--sections", "2", "--words", "40",
+                    "--max-tokens", "60", env={"OPENAI_API_KEY": SECRET})
+    assert proc.returncode == 0, proc.stderr
+    assert "leaving out a backend" in proc.stderr
+    proc2 = handbook("A book about keys", "--backend", card, "--out", str(out), "--config", str(job), "-q",
+                     "--format", "md,html", "--parts", "1", "--chapters", "2", "--sections", "2", "--words", "40",
+                     "--max-tokens", "60")
+    assert proc2.returncode == 0, proc2.stderr
+    files = [p for p in Path(out).rglob("*") if p.is_file()]
+    assert {"book.md", "stats.json", "journal.sqlite", "outline.json"} <= {p.name for p in files}
+    for p in files:
+        data = p.read_bytes()
+        assert SECRET.encode() not in data, p
+        assert SECRET[-12:].encode() not in data, p
+    for p in (proc, proc2):
+        assert SECRET not in p.stdout + p.stderr
