@@ -226,9 +226,15 @@ class Dispatcher:
         self.request_errors = 0
         self.replies: list[tuple[str, Reply]] = []  # (kind, reply) of every attempt, for usage and errors
 
-    @staticmethod
-    def _wait(state) -> float:
-        base = wait_exponential_jitter(initial=0.5, max=10.0, jitter=0.5)(state)
+    # Exponential backoff with jitter: 0.5, 1, 2, 4 ... s (at most 10 s) plus up to 0.5 s at random.
+    try:
+        _backoff = wait_exponential_jitter(multiplier=0.5, max=10.0, jitter=0.5)
+    except TypeError:  # tenacity < 9.1: ``initial`` was the name
+        _backoff = wait_exponential_jitter(initial=0.5, max=10.0, jitter=0.5)
+
+    @classmethod
+    def _wait(cls, state) -> float:
+        base = cls._backoff(state)
         reply = state.outcome.result()[0] if state.outcome and not state.outcome.failed else None
         if reply is not None and reply.retry_after:
             return max(base, min(reply.retry_after, 60.0))
