@@ -9,6 +9,16 @@ For each level N, N streaming requests per backend are kept in flight for the wh
 every 0.5 s (:mod:`orchestrator.metrics`). Writes ``ladder.json``, ``ladder.csv`` and ``ladder.svg`` into
 ``--out`` and prints a table like the reference's Table 1; ``compare`` prints a ratio table like its Table 2.
 
+``ladder.json``: ``{"levels": [{"streams", "sustained_tok_s", "best_second_tok_s", "per_stream_tok_s", "step_ms",
+"ttft_median_ms", "running", "waiting", ...}], "fit": {"a_ms", "b_ms", "ceiling_tok_s"} | null, ...}``. Per level,
+``streams`` is per backend; sustained and best second are summed over the backends; per stream = sustained /
+(streams x backends); step_ms = 1000 / per stream (per server); running and waiting are the medians over the
+window of the servers' gauges, summed. Extensions: per level ``held`` (false when requests waited: such a level
+is flagged and left out of the fit), ``window_s``, ``requests_completed``, ``request_errors``, ``metric`` and, with
+several backends, ``per_backend`` (each server's own sustained, best second, running, waiting); at the top
+``label``, ``created``, ``backends``, ``model``, ``window_s``, ``ramp_s``, ``max_tokens``, ``interval_s``,
+``time_scale``, ``metric``. The fit is least squares over the held levels; ``ceiling_tok_s`` = 1000 / b, per server.
+
 Every figure is in wall-clock seconds. Against the simulator run with ``--time-scale X`` the model's own figures
 are tok/s x X and step ms / X; ``ladder.json`` records the servers' ``time_scale`` when they report one.
 """

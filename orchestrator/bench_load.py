@@ -296,13 +296,25 @@ async def measure_level(
     best = figures["best_second_tok_s"]
     running: float | None = None
     waiting: float | None = None
+    per_backend: list[dict[str, Any]] = []
     for target in targets:
-        r = _median_gauge(sampler.series.get(target.url, []), t0, t1, 2)
-        w = _median_gauge(sampler.series.get(target.url, []), t0, t1, 3)
+        points = sampler.series.get(target.url, [])
+        r = _median_gauge(points, t0, t1, 2)
+        w = _median_gauge(points, t0, t1, 3)
         if r is not None:
             running = (running or 0.0) + r
         if w is not None:
             waiting = (waiting or 0.0) + w
+        own = server_counted({target.url: points}, t0, t1) if len(targets) > 1 else None
+        per_backend.append(
+            {
+                "url": target.url,
+                "sustained_tok_s": round(own["sustained_tok_s"], 1) if own else None,
+                "best_second_tok_s": round(own["best_second_tok_s"], 1) if own else None,
+                "running": r,
+                "waiting": w,
+            }
+        )
     ttfts = [ttft for t_send, ttft in stats.ttft_s if t_send <= t1]
     per_stream = sustained / (streams * k) if sustained > 0 else 0.0
     return {
@@ -319,6 +331,7 @@ async def measure_level(
         "requests_completed": stats.completed,
         "request_errors": stats.errors,
         "metric": figures["metric"],
+        "per_backend": per_backend if len(targets) > 1 else None,
     }
 
 
