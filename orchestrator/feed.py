@@ -39,6 +39,7 @@ import jinja2
 import orjson
 from aiohttp import web
 
+from .errors import ConfigError
 from .events import Delta, JobFinished, NodeFailed, NodeFinished, NodeStarted
 from .progress import JobState
 
@@ -273,7 +274,12 @@ class Feed:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(f"cannot serve the live feed on {self.host}:{self.port}: {e.strerror or e}") from None
         addr = self._runner.addresses[0]
         self.port = int(addr[1])
         host = f"[{self.host}]" if ":" in self.host else self.host

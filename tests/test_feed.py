@@ -358,6 +358,15 @@ async def test_page_loads_nothing_from_the_network_and_forbids_inline_handlers(t
         assert "custom marker" in await resp.text()
 
 
+async def test_a_busy_port_is_a_configuration_error():
+    from orchestrator.errors import ConfigError
+
+    async with Feed(port=0) as first:
+        with pytest.raises(ConfigError, match=f"cannot serve the live feed on 127.0.0.1:{first.port}"):
+            async with Feed(port=first.port):
+                pass
+
+
 async def test_a_reconnecting_browser_gets_a_fresh_snapshot():
     async with Feed(port=0) as feed, aiohttp.ClientSession() as http:
         feed(NodeStarted("1.1.1", "section", "One", "http://a:1/v1", 1, 1.0))
