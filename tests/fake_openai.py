@@ -51,10 +51,10 @@ class FakeServer:
             def log_message(self, *a):  # quiet
                 pass
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 server._get(self)
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 server._post(self)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

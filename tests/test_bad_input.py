@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_openai import FakeServer
 
 from orchestrator.sim.launch import SimFleet
-
-from fake_openai import FakeServer
 
 SECRET = "sk-test-very-secret-key-0123456789abcdef"
 SMALL = ["--parts", "1", "--chapters", "2", "--sections", "2", "--words", "40", "--max-tokens", "60",
@@ -221,7 +220,7 @@ def test_all_backends_down_exit_3_journal_intact(tmp_path):
             "--sections", "8", "--words", "100", "--max-tokens", "150", "--cap", "4", "--format", "md", "-q"]
     e = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
     with SimFleet(cards=2) as fleet:
-        cmd = [sys.executable, "-m", "orchestrator", *args, *sum((["--backend", u] for u in fleet.urls), [])]
+        cmd = [sys.executable, "-m", "orchestrator", *args, *[a for u in fleet.urls for a in ("--backend", u)]]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
         deadline = time.monotonic() + 120
         while journal_sections(out) < 8 and proc.poll() is None and time.monotonic() < deadline:
@@ -240,7 +239,7 @@ def test_all_backends_down_exit_3_journal_intact(tmp_path):
     assert "Incomplete" in (out / "book.md").read_text()
     # The same command against live cards resumes and requests only what is missing.
     with SimFleet(cards=2) as fleet:
-        proc = handbook(*args, *sum((["--backend", u] for u in fleet.urls), []))
+        proc = handbook(*args, *[a for u in fleet.urls for a in ("--backend", u)])
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((out / "stats.json").read_text())
     assert stats["resumed_sections"] == done
