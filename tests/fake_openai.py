@@ -12,7 +12,8 @@ Modes:
   stall        /v1/models is fine; chat streams two chunks, then goes silent for ``stall_s`` on the first
                ``stall_count`` requests, then answers normally
   retry-after  the first ``stall_count`` chat requests get 429 with ``Retry-After: retry_after``; then normal
-  ok           a minimal well-behaved server (fixed JSON title lists / prose)
+  ok           a minimal well-behaved server: JSON title lists ("Part topic 1", "Chapter topic 1", "Section
+               topic 1", ...) and prose; sections titled in ``fail_sections`` always come back empty
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeServer:
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
-                 retry_after: float = 2.0, model: str = "fake-model"):
+                 retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = ()):
         self.mode = mode
         self.key = key
         self.stall_s = stall_s
         self.stall_count = stall_count
         self.retry_after = retry_after
         self.model = model
+        self.fail_sections = fail_sections  # section titles answered empty, every time
         self.chat_requests: list[float] = []  # arrival times (time.monotonic())
         self.auth_seen: list[str] = []
         self._lock = threading.Lock()
@@ -138,9 +140,13 @@ class FakeServer:
             is_list = True
         if self.mode == "garbage" and not (is_list and "title" in props):
             return "I am sorry, but I would rather talk about the weather today. It is sunny."
+        if self.fail_sections and not is_list and any(f'"{t}"' in content for t in self.fail_sections):
+            return ""  # an empty answer: a failure, retried, and lost after the last attempt
         if is_list:
             count = int(n or 12)
-            body: dict = {"items": [f"Topic {i} of the {req.get('model')} book" for i in range(1, count + 1)]}
+            low = content.lower()
+            level = "Section" if "section titles" in low else "Chapter" if "chapter titles" in low else "Part"
+            body: dict = {"items": [f"{level} topic {i}" for i in range(1, count + 1)]}
             if "title" in props:
                 body["title"] = "A Test Book"
             return json.dumps(body)

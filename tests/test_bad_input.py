@@ -161,7 +161,7 @@ def test_outline_replies_unusable_after_retries_name_the_node(tmp_path):
         proc = handbook("A book", "--backend", srv.url, "--attempts", "2", "--out", str(tmp_path / "o"), *SMALL)
     line = one_line_error(proc, 1)
     assert "outline could not be made" in line
-    assert "node '1' (part 'Topic 1 of the fake-model book')" in line
+    assert "node '1' (part 'Part topic 1')" in line
     assert "unusable reply" in line
 
 

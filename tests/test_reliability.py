@@ -349,3 +349,25 @@ def test_1536_streams_from_ulimit_1024(limits, lowered, tmp_path):
         assert all(b["cap"] == 256 for b in pb)
         assert sum(b["max_in_flight"] for b in pb) == 1536  # 1,536 streams in flight at once
         assert sum(served) >= 1400  # and the servers saw (nearly) all of them at the same time
+
+
+def test_a_section_lost_after_every_attempt_is_named_and_exits_1(tmp_path):
+    out = tmp_path / "o"
+    with FakeServer("ok", fail_sections=("Section topic 2",)) as srv:
+        cmd = job_cmd("A book with holes", [srv.url], out, "--parts", "1", "--chapters", "2", "--sections", "3",
+                      "--attempts", "2")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+        rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "2 section(s) failed or came back empty" in proc.stderr
+    assert "1.1.2 Section topic 2" in proc.stderr and "1.2.2 Section topic 2" in proc.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["failed_sections"] == 2 and stats["failed_section_paths"] == ["1.1.2", "1.2.2"]
+    md = (out / "book.md").read_text()
+    assert md.count("This section is missing") == 2
+    # The journal keeps the 4 that came; a rerun asks only for the 2 lost ones (and still cannot get them).
+    assert journal_sections(out) == 4
+    assert rerun.returncode == 1
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["resumed_sections"] == 4 and stats["requests"] == 2 * 2 and stats["failed_sections"] == 2
