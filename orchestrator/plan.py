@@ -398,9 +398,10 @@ class _Expansion:
 
 def _accepts(fn: Callable, name: str) -> bool:
     try:
-        return name in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 SectionCallback = Callable[[str, str, str, str, int, str], None]
