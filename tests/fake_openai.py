@@ -26,7 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeServer:
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
-                 retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = ()):
+                 retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = (),
+                 section_chunk_delay: float = 0.0):
         self.mode = mode
         self.key = key
         self.stall_s = stall_s
@@ -34,6 +35,8 @@ class FakeServer:
         self.retry_after = retry_after
         self.model = model
         self.fail_sections = fail_sections  # section titles answered empty, every time
+        self.section_chunk_delay = section_chunk_delay  # seconds between the chunks of a section (slow writing)
+        self.sections_started = 0
         self.chat_requests: list[float] = []  # arrival times (time.monotonic())
         self.auth_seen: list[str] = []
         self._lock = threading.Lock()
@@ -126,7 +129,12 @@ class FakeServer:
                        headers={"Retry-After": f"{self.retry_after:g}"})
             return
         text = self._answer(req)
-        self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count)
+        delay = 0.0
+        if not text.lstrip().startswith("{"):
+            with self._lock:
+                self.sections_started += 1
+            delay = self.section_chunk_delay
+        self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count, delay=delay)
 
     def _answer(self, req: dict) -> str:
         rf = req.get("response_format") or {}
@@ -152,7 +160,7 @@ class FakeServer:
             return json.dumps(body)
         return "This section explains the topic in plain words. " * 8
 
-    def _stream(self, h, text: str, stall: bool) -> None:
+    def _stream(self, h, text: str, stall: bool, delay: float = 0.0) -> None:
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.send_header("Connection", "close")
@@ -167,6 +175,8 @@ class FakeServer:
                 if stall and i == 1:
                     time.sleep(self.stall_s)
                     return
+                if delay:
+                    time.sleep(delay)
             end = {"id": "x", "object": "chat.completion.chunk", "model": self.model,
                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
             usage = {"id": "x", "object": "chat.completion.chunk", "model": self.model, "choices": [],

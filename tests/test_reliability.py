@@ -237,11 +237,15 @@ def test_ctrl_c_writes_what_exists_and_resumes(cards, tmp_path):
 
 def test_second_ctrl_c_stops_at_once(tmp_path):
     out = tmp_path / "o"
-    # Slow cards: requests stay in flight for a long time, so only a second Ctrl-C ends the job quickly.
-    with SimFleet(cards=2, time_scale=6.0) as fleet:
-        cmd = job_cmd("A handbook of patience", fleet.urls, out, *BOOK, "--max-tokens", "400", "--words", "250")
+    # Sections that take ~10 s each: after the first Ctrl-C the job would wait out its grace; the second ends it.
+    with FakeServer("ok", section_chunk_delay=0.4) as srv:
+        cmd = job_cmd("A handbook of patience", [srv.url], out, "--parts", "1", "--chapters", "2", "--sections",
+                      "3")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-        wait_for_sections(proc, out, 1)
+        deadline = time.monotonic() + 60
+        while srv.sections_started < 6 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         t0 = time.monotonic()
@@ -251,7 +255,9 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     assert time.monotonic() - t0 < 3
     assert "Traceback" not in stderr
     assert "second Ctrl-C" in stderr and "rerun the same command to resume" in stderr
-    assert journal_sections(out) >= 1
+    db = sqlite3.connect(out / "journal.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key='outline'").fetchone() is not None
+    db.close()
 
 
 # -- timeouts and Retry-After -----------------------------------------------------------------------------------
