@@ -181,7 +181,7 @@ def test_kill_9_then_resume(cards, tmp_path):
 
 def test_kill_during_planning_resumes_the_planned_nodes(cards, tmp_path):
     out = tmp_path / "o"
-    cmd = job_cmd("A handbook of type systems", cards.urls, out, *BOOK, "--no-pipeline")
+    cmd = job_cmd("A handbook of type systems", cards.urls, out, *BOOK)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
     deadline = time.monotonic() + 60
     planned = 0
