@@ -90,6 +90,11 @@ async def drive(fleet: SimFleet, streams: int, seconds: float, warmup: float, ma
                       for i in range(streams)]
     await asyncio.sleep(warmup)
     loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # steady state: every card has all its streams running
+        if all(st["running"] >= streams for st in await loop.run_in_executor(None, fleet.all_stats)):
+            break
+        await asyncio.sleep(0.2)
     stats0 = await loop.run_in_executor(None, fleet.all_stats)
     chunks0 = counts["chunks"]
     t0 = time.monotonic()
@@ -136,20 +141,24 @@ def main() -> int:
           f"client CPU {client_cpu / dt:.2f} cores, {counts['requests']} requests, {counts['errors']} errors, "
           f"{counts['window_chunks'] / dt:.0f} chunks/s received")
     print(f"{'card':>4} {'running':>8} {'wall tok/s':>11} {'model tok/s':>12} {'predicted':>10} {'ratio':>6} "
-          f"{'late s':>7}")
+          f"{'late s':>7} {'resync':>6}")
     tot_wall = tot_pred = 0.0
     for i, (a0, a1) in enumerate(zip(s0, s1)):
-        wall = (a1["generation_tokens"] - a0["generation_tokens"]) / dt
+        # the servers' own clocks: a busy client cannot skew the window
+        wall = (a1["generation_tokens"] - a0["generation_tokens"]) / (a1["uptime_s"] - a0["uptime_s"])
         r = sum(running[i]) / max(1, len(running[i]))
         pred = cfg.model_tok_s(round(r))
         model = wall * a.time_scale
         tot_wall += wall
         tot_pred += pred
         print(f"{i:>4} {r:>8.1f} {wall:>11.1f} {model:>12.1f} {pred:>10.1f} {model / pred if pred else 0:>6.3f} "
-              f"{a1['late_s'] - a0['late_s']:>7.2f}")
+              f"{a1['late_s'] - a0['late_s']:>7.2f} {a1['resyncs'] - a0['resyncs']:>6}")
     print(f"{'all':>4} {'':>8} {tot_wall:>11.1f} {tot_wall * a.time_scale:>12.1f} {tot_pred:>10.1f} "
           f"{tot_wall * a.time_scale / tot_pred if tot_pred else 0:>6.3f}")
-    print(f"model at exactly {a.streams} streams per card: {cfg.model_tok_s(a.streams):.1f} tok/s per card")
+    received = counts["window_chunks"] * cfg.stream_interval / dt
+    print(f"model at exactly {a.streams} streams per card: {cfg.model_tok_s(a.streams):.1f} tok/s per card; "
+          f"client received ~{received:.0f} tok/s wall = {received * a.time_scale:.0f} model tok/s "
+          f"({received / tot_wall if tot_wall else 0:.2f} of what the servers generated)")
     return 0
 
 

@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="sim-qwen3", help="model id served (default sim-qwen3)")
     g.add_argument("--procs", type=int, default=None,
                    help="spread the cards over K processes (default: min(cards, CPU cores))")
-    g.add_argument("--seed", type=int, default=None, help="accepted for symmetry; answers are already "
-                   "deterministic per request")
+    g.add_argument("--seed", type=int, default=None,
+                   help="vary every answer (answers are deterministic per request and seed)")
     g.add_argument("--no-json-schema", action="store_true",
                    help="reject response_format json_schema with HTTP 400 (clients must fall back to text)")
     g.add_argument("--max-model-len", type=int, default=32768, help="context length (default 32768)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 
@@ -120,6 +121,7 @@ class Engine:
         self._idle = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._sink_error_reported = False
 
     # -- public -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -244,11 +246,22 @@ class Engine:
             else:
                 self.late_s -= delay
                 await sleep(0)  # let handlers write
-                if -delay > max(0.5, 4 * dur):  # hopelessly behind: do not burst to catch up
+                if -delay > max(1.0, 8 * dur):  # hopelessly behind: do not burst to catch up
                     deadline = clock()
                     self.resyncs += 1
             self.busy_s += dur
             self._complete_step()
+
+    def _call_sink(self, s: Stream) -> None:
+        try:
+            s.sink(s)
+        except Exception:  # noqa: BLE001 - a broken sink must not stop the card: end that stream, report once
+            s.sink = None
+            s.cancelled = True
+            s._wake()
+            if not self._sink_error_reported:
+                self._sink_error_reported = True
+                traceback.print_exc()
 
     def _complete_step(self) -> None:
         k = self.step_no
@@ -270,7 +283,7 @@ class Engine:
                     s.t_first = now
                     self._observe_ttft(now - s.t_arrival)
                 if s.sink is not None:
-                    s.sink(s)
+                    self._call_sink(s)
                 s._wake()
         for s in self.buckets[k % len(self.buckets)]:
             s.count = k - s.admit + 1
@@ -279,9 +292,8 @@ class Engine:
                     now = time.monotonic()
                 s.t_first = now
                 self._observe_ttft(now - s.t_arrival)
-            sink = s.sink
-            if sink is not None:
-                sink(s)
+            if s.sink is not None:
+                self._call_sink(s)
             else:
                 w = s.waiter
                 if w is not None and not w.done():

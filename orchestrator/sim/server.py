@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 import uuid
@@ -241,6 +242,8 @@ class Card:
             "finished": dict(self.finished), "faults": dict(self.faults),
             "steps": e.steps, "busy_s": e.busy_s, "late_s": e.late_s, "resyncs": e.resyncs,
             "uptime_s": time.monotonic() - self._t0, "time_scale": self.cfg.engine.time_scale,
+            "model_time_s": (time.monotonic() - self._t0) / self.cfg.engine.time_scale,
+            "process_cpu_s": time.process_time(), "pid": os.getpid(),
             "down": self.down, "down_count": self.down_count, "config": cfg,
         }
 
@@ -255,8 +258,7 @@ class Card:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         self.in_flight += 1
-        if self.in_flight > self.max_in_flight:
-            self.max_in_flight = self.in_flight
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self._active[id(request)] = request
         try:
             return await self._chat(request)
@@ -323,7 +325,7 @@ class Card:
         if fault == "hang":
             await asyncio.get_running_loop().create_future()  # until the client (or the card) goes away
 
-        answer = simtext.answer(cfg.model, body)
+        answer = simtext.answer(cfg.model, body, cfg.seed)
         pieces = answer.pieces
         if fault == "empty":
             pieces = ()

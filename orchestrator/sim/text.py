@@ -73,18 +73,18 @@ class Answer:
 
 
 _CACHE: OrderedDict[bytes, Answer] = OrderedDict()
-_CACHE_MAX = 8192
+_CACHE_MAX = 2048  # ~20 KB each
 
 
-def request_key(model: str, body: dict) -> bytes:
+def request_key(model: str, body: dict, salt: int | None = None) -> bytes:
     key = [model, body.get("messages"), body.get("max_tokens", body.get("max_completion_tokens")),
-           body.get("response_format"), body.get("guided_json"), body.get("seed")]
+           body.get("response_format"), body.get("guided_json"), body.get("seed"), salt]
     return hashlib.blake2b(orjson.dumps(key, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
 
 
-def answer(model: str, body: dict) -> Answer:
-    """The deterministic answer to a chat request (cached)."""
-    key = request_key(model, body)
+def answer(model: str, body: dict, salt: int | None = None) -> Answer:
+    """The deterministic answer to a chat request (cached). ``salt`` (the server's --seed) varies all answers."""
+    key = request_key(model, body, salt)
     a = _CACHE.get(key)
     if a is not None:
         _CACHE.move_to_end(key)
