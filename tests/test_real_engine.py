@@ -1,0 +1,218 @@
+"""Against the real embedded engine: vLLM's CPU build serving SmolLM2-135M-Instruct (issue 7).
+
+Selected with ``-m real_engine`` (CI runs it after ``scripts/install-local-engine.sh``). These tests FAIL, never
+skip, when the engine is not installed or cannot start. One engine start for the whole module, through the real
+CLI (``handbook engine start``); the end-to-end job is given no backend, so it goes through the default path
+(``LocalEngine`` reusing the running engine); the last test stops it with ``handbook engine stop``.
+Measured figures go to test-artifacts/real-engine.json.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from orchestrator import engine as E
+
+pytestmark = pytest.mark.real_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts" / "real-engine.json"
+
+
+@dataclass
+class Running:
+    url: str
+    pid: int
+    start_s: float
+    ours: bool  # False when a developer's background engine was already running: leave it running
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def generation_counter(url: str) -> float:
+    with urllib.request.urlopen(f"{url.removesuffix('/v1')}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = [float(m.group(1)) for m in
+              re.finditer(r"^vllm:generation_tokens_total(?:\{[^}]*\})? ([0-9.eE+-]+)$", text, re.MULTILINE)]
+    assert values, "vllm:generation_tokens_total is missing from /metrics"
+    return sum(values)
+
+
+def handbook(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    cache = E.resolve_cache_dir()
+    if E.engine_python(cache) is None:
+        pytest.fail(f"the local engine is not installed in {cache}: run scripts/install-local-engine.sh")
+    already = E.running_engine_url(cache)
+    t0 = time.monotonic()
+    proc = handbook("engine", "start")
+    start_s = time.monotonic() - t0
+    if proc.returncode != 0:
+        pytest.fail(f"`handbook engine start` failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    url = proc.stdout.strip().splitlines()[-1]
+    state, healthy = E.engine_status(cache)
+    assert state is not None and healthy and state.url == url
+    running = Running(url=url, pid=state.pid, start_s=start_s, ours=already is None)
+    running.figures["start_to_health_s"] = round(start_s, 1)
+    yield running
+    if running.ours and E.running_engine_url(cache):  # a test failed before the stop test
+        E.stop_background(cache)
+    ARTIFACTS.parent.mkdir(exist_ok=True)
+    ARTIFACTS.write_text(json.dumps(running.figures, indent=2) + "\n")
+
+
+def test_status_and_models(engine):
+    proc = handbook("engine", "status")
+    assert proc.returncode == 0 and engine.url in proc.stdout
+    models = OpenAI(base_url=engine.url, api_key="EMPTY", max_retries=0).models.list()
+    assert [m.id for m in models.data] == [E.MODEL_NAME]
+
+
+def test_greedy_answer_is_real(engine):
+    client = OpenAI(base_url=engine.url, api_key="EMPTY", max_retries=0)
+    r = client.chat.completions.create(
+        model=E.MODEL_NAME, temperature=0, max_tokens=20,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    assert "Paris" in r.choices[0].message.content
+
+
+async def _stream(client: AsyncOpenAI, topic: str, max_tokens: int) -> tuple[str, str | None, int]:
+    stream = await client.chat.completions.create(
+        model=E.MODEL_NAME, temperature=0, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        messages=[{"role": "user", "content": f"Write a long essay about {topic}."}],
+    )
+    parts, finish, usage = [], None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert usage is not None, "stream_options.include_usage gave no usage chunk"
+    return "".join(parts), finish, usage
+
+
+@pytest.mark.parametrize("streams", [1, 8])
+def test_streams_finish_length_and_counter_equals_usage(engine, streams):
+    """Streaming, finish_reason "length", include_usage, and the server's counter equal to the usage sum."""
+    topics = ["unit testing", "code review", "version control", "logging", "caching", "profiling",
+              "API design", "database indexes"][:streams]
+    max_tokens = 48
+
+    async def main() -> list[tuple[str, str | None, int]]:
+        client = AsyncOpenAI(base_url=engine.url, api_key="EMPTY", max_retries=0)
+        results: list[Any] = [None] * streams
+
+        async def one(i: int) -> None:
+            results[i] = await _stream(client, topics[i], max_tokens)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(streams):
+                tg.start_soon(one, i)
+        return results
+
+    before = generation_counter(engine.url)
+    t0 = time.monotonic()
+    results = anyio.run(main)
+    wall = time.monotonic() - t0
+    after = generation_counter(engine.url)
+    for text, finish, usage in results:
+        assert finish == "length" and usage == max_tokens
+        assert len(text.split()) >= 10 and re.search(r"[A-Za-z]{4,}", text)
+    assert after - before == sum(u for _, _, u in results)
+    engine.figures[f"tok_s_{streams}_streams_{max_tokens}_tokens"] = round(sum(u for *_, u in results) / wall, 1)
+
+
+def test_json_schema_titles(engine):
+    """The planner asks for titles with response_format json_schema: the CPU build honours it."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["titles"],
+              "properties": {"titles": {"type": "array", "minItems": 3, "maxItems": 3,
+                                        "items": {"type": "string", "minLength": 3, "maxLength": 80}}}}
+    client = OpenAI(base_url=engine.url, api_key="EMPTY", max_retries=0)
+    r = client.chat.completions.create(
+        model=E.MODEL_NAME, temperature=0, max_tokens=200,
+        messages=[{"role": "user", "content": "List three chapter titles for a book about software testing."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "titles", "schema": schema, "strict": True}},
+    )
+    titles = json.loads(r.choices[0].message.content)["titles"]
+    assert len(titles) == 3 and all(t.strip() for t in titles)
+
+
+def _section_bodies(md: str) -> list[tuple[str, str]]:
+    """(title, body) of every level-4 section of book.md, in order."""
+    heads = list(re.finditer(r"^#### (.+)$", md, re.MULTILINE))
+    out = []
+    for i, h in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(md)
+        body = md[h.end():end]
+        body = re.split(r"^#{1,4} ", body, flags=re.MULTILINE)[0]  # stop at the next part or chapter heading
+        out.append((h.group(1).strip(), body.strip()))
+    return out
+
+
+def test_small_book_end_to_end(engine, tmp_path):
+    """A 2 x 2 x 3 book with no backend given: the default path reuses the running engine."""
+    from orchestrator import Settings, generate
+
+    formats = ("md", "pdf") if importlib.util.find_spec("orchestrator.typeset") else ("md",)
+    before = generation_counter(engine.url)
+    t0 = time.monotonic()
+    result = generate("Write me a complete software engineering handbook", backends=None,
+                      settings=Settings(parts=2, chapters=2, sections=3, formats=formats), out=tmp_path / "out")
+    job_s = time.monotonic() - t0
+    after = generation_counter(engine.url)
+    stats = result.stats
+
+    assert result.complete, result.failed_sections
+    assert [pb["url"] for pb in stats["per_backend"]] == [engine.url], "the job reused the running engine"
+    assert stats["sections"] == 12 and stats["failed_sections"] == 0 and stats["empty_sections"] == 0
+    outline = json.loads((tmp_path / "out" / "outline.json").read_text())
+    assert [len(p["chapters"]) for p in outline["parts"]] == [2, 2]
+    assert all(len(c["sections"]) == 3 for p in outline["parts"] for c in p["chapters"])
+    sections = _section_bodies((tmp_path / "out" / "book.md").read_text())
+    assert len(sections) == 12
+    for title, body in sections:
+        words = re.findall(r"[A-Za-z]{2,}", body)
+        assert len(words) >= 20, f"section {title!r} has no real text: {body[:200]!r}"
+    # Counted by the server: present, and the counter's increase equals the clients' usage over the job.
+    sc = stats["server_counted"]
+    assert sc is not None and sc["metric"] == "vllm:generation_tokens_total" and sc["sustained_tok_s"] > 0
+    assert after - before == stats["tokens_written"]
+    if "pdf" in formats:
+        assert (tmp_path / "out" / "book.pdf").stat().st_size > 10_000
+    engine.figures.update(book_2x2x3_job_s=round(job_s, 1), book_tokens=stats["tokens_written"],
+                          book_sustained_tok_s=round(sc["sustained_tok_s"], 1), book_words=stats["words"])
+
+
+def test_zz_stop(engine):
+    """Last: `handbook engine stop` stops the server and every process it started."""
+    if not engine.ours:
+        pytest.fail("a background engine was already running before the tests; stop it and rerun")
+    t0 = time.monotonic()
+    proc = handbook("engine", "stop", timeout=120)
+    stop_s = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert not E._pid_alive(engine.pid) and not E._group_alive(engine.pid)
+    assert E.running_engine_url() is None
+    assert handbook("engine", "status").returncode == 1
+    engine.figures["stop_s_including_cli"] = round(stop_s, 1)
