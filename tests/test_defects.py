@@ -1,0 +1,189 @@
+"""Defect report on crafted books whose counts are known."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from orchestrator.assemble import Book, SectionText, assemble, count_words
+from orchestrator.defects import Defects, block_ending, find_defects, near_duplicates, scan_block
+from orchestrator.outline import Chapter, Outline, Part
+
+DESIGN_KEYS = {
+    "duplicate_section_titles", "unterminated_blocks", "truncated_sections", "empty_sections", "failed_sections",
+    "code_blocks", "near_duplicate_sections", "words",
+}
+
+_VOCAB = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "queue", "cache", "index", "schema", "retry", "token", "thread", "lock", "build", "test", "deploy"]
+
+
+def prose(seed: int, words: int = 80) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(words)).capitalize() + "."
+
+
+def make(specs: list[tuple[str, str, dict]]) -> Book:
+    """One part, one chapter per 4 sections; specs are (title, text, extra SectionText fields)."""
+    chapters = []
+    texts: dict[str, SectionText] = {}
+    for ci in range(0, len(specs), 4):
+        chunk = specs[ci:ci + 4]
+        chapters.append(Chapter(f"Chapter {ci // 4 + 1}", tuple(t for t, _, _ in chunk)))
+        for si, (title, text, extra) in enumerate(chunk, 1):
+            path = f"1.{ci // 4 + 1}.{si}"
+            if extra.get("missing"):
+                continue
+            texts[path] = SectionText(path, "Part", f"Chapter {ci // 4 + 1}", title, text,
+                                      **{k: v for k, v in extra.items() if k != "missing"})
+    return assemble(Outline("Crafted", (Part("Part", tuple(chapters)),)), texts)
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("It ends here.", True),
+    ("Does it?", True),
+    ("Wow!", True),
+    ("As follows:", True),
+    ('He said "stop."', True),
+    ("He said “stop”", True),
+    ("(in brackets)", True),
+    ("**Bold end.**", True),
+    ("Call `f()`", True),  # backticks stripped, ")" closes
+    ("Wait for it…", True),
+    ("It just stops", False),
+    ("- a list item without a stop", False),
+    ("Use `code`", False),
+    ("```python\nx = 1\n```", True),
+    ("Text.\n\n```python\nx = (", False),  # cut off inside the fence
+    ("Text.\n\n```\nplain\n```\n\n", True),
+    ("| a | b |\n|---|---|\n| 1 | 2 |", True),
+    ("Intro.\n\n### A heading", False),
+    ("~~~~\ncode\n~~~~", True),
+    ("````\n```\nstill code\n````", True),
+])
+def test_block_ending(text, ok):
+    assert block_ending(text)[0] is ok
+
+
+def test_scan_block_reads_fences_in_lists_with_markdown_it():
+    text = "1. Step one:\n\n   ```python\n   x = 1\n   ```\n\nDone."
+    ok, _, blocks = scan_block(text)
+    assert ok
+    assert blocks == [("python", "x = 1\n", True)]
+
+
+def crafted() -> tuple[Book, dict]:
+    dup_text = prose(999, 120)
+    specs: list[tuple[str, str, dict]] = [
+        # duplicate titles: "Error handling" x3, "Logging" x2
+        ("Error Handling", prose(1) + "\n\n```python\ndef f(x):\n    return x\n```", {}),          # ok, py ok
+        ("error handling!", prose(2) + "\n\nIt just stops", {"finish_reason": "length"}),     # unterminated, truncated
+        ("Error   Handling", prose(3) + "\n\n```python\ndef f(:\n    pass\n```", {}),        # py error
+        ("Logging", prose(4) + "\n\n```bash\necho hi\n```\n\nAfter.", {}),                    # bash
+        ("LOGGING", "", {}),                                                                     # empty
+        ("Retries", "", {"error": "HTTP 500 after 4 attempts"}),                                # failed
+        ("Caching", prose(5) + "\n\n```python\nwhile True:\n    x = (", {"finish_reason": "length"}),  # unclosed, py error
+        ("Indexing", prose(6) + "\n\n```\nplain text\n```", {}),                                # no language
+        ("Copies A", dup_text, {}),                                                              # near-duplicate pair
+        ("Copies B", dup_text.replace("Alpha", "Beta", 1) + " One more sentence here.", {}),
+        ("REPL", prose(7) + "\n\n```py\n>>> x = 1\n>>> x + 1\n2\n```", {}),                     # REPL parses
+        ("Lists", prose(8) + "\n\n- first item\n- second item", {}),                           # unterminated
+    ]
+    book = make(specs)
+    written = [s for s in book.sections if not s.failed and not s.empty]
+    expected = {
+        "duplicates": 2, "duplicate_sections": 5,
+        "unterminated": 3, "of": len(written),
+        "truncated": 2, "empty": 1, "failed": 1,
+        "code": 6, "by_language": {"python": 3, "bash": 1, "none": 1, "py": 1},
+        "py_errors": 2, "py_of": 4, "unclosed": 1, "near": 1,
+        "words_total": sum(count_words(s.text) for s in book.sections),
+    }
+    return book, expected
+
+
+def test_crafted_book_counts():
+    book, exp = crafted()
+    d = find_defects(book)
+    assert isinstance(d, Defects)
+    j = d.to_json()
+    assert set(j) == DESIGN_KEYS
+    json.dumps(j)  # JSON-ready
+
+    assert j["duplicate_section_titles"]["count"] == exp["duplicates"]
+    assert j["duplicate_section_titles"]["sections"] == exp["duplicate_sections"]
+    top = j["duplicate_section_titles"]["titles"][0]
+    assert top["count"] == 3 and top["paths"] == ["1.1.1", "1.1.2", "1.1.3"]
+
+    u = j["unterminated_blocks"]
+    assert (u["count"], u["of"]) == (exp["unterminated"], exp["of"])
+    assert u["share"] == round(exp["unterminated"] / exp["of"], 4)
+    assert {s["title"] for s in u["sections"]} == {"error handling!", "Caching", "Lists"}
+
+    assert j["truncated_sections"]["count"] == exp["truncated"]
+    assert [s["path"] for s in j["truncated_sections"]["sections"]] == ["1.1.2", "1.2.3"]
+    assert j["empty_sections"]["count"] == exp["empty"]
+    assert j["empty_sections"]["sections"][0]["title"] == "LOGGING"
+    assert j["failed_sections"]["count"] == exp["failed"]
+    assert j["failed_sections"]["sections"][0]["error"].startswith("HTTP 500")
+
+    c = j["code_blocks"]
+    assert c["count"] == exp["code"]
+    assert c["by_language"] == exp["by_language"]
+    assert (c["python_syntax_errors"]["count"], c["python_syntax_errors"]["of"]) == (exp["py_errors"], exp["py_of"])
+    assert {s["title"] for s in c["python_syntax_errors"]["sections"]} == {"Error   Handling", "Caching"}
+    assert c["unclosed_fences"]["count"] == exp["unclosed"]
+    assert c["unclosed_fences"]["sections"][0]["title"] == "Caching"
+
+    n = j["near_duplicate_sections"]
+    assert n["count"] == exp["near"]
+    assert {n["pairs"][0]["a_title"], n["pairs"][0]["b_title"]} == {"Copies A", "Copies B"}
+    assert n["pairs"][0]["jaccard"] >= 0.5
+
+    w = j["words"]
+    assert w["total"] == exp["words_total"] == book.words
+    counts = [count_words(s.text) for s in book.sections if not s.failed]
+    assert (w["min"], w["max"]) == (min(counts), max(counts)) and w["min"] == 0  # the empty section
+    assert w["mean"] == round(sum(counts) / len(counts), 1)
+
+
+def test_markdown_report_shows_counts_and_first_lines():
+    book, exp = crafted()
+    md = find_defects(book).to_markdown()
+    assert md.startswith("# Defect report")
+    assert f"| unterminated blocks | {exp['unterminated']} of {exp['of']} (" in md
+    assert "| failed sections | 1 |" in md
+    assert "## Unterminated blocks" in md and "It just stops" in md
+    assert "## Near-duplicate sections" in md and "Copies A" in md
+    assert "## Failed sections" in md and "HTTP 500" in md
+    assert "Error Handling ×3: 1.1.1, 1.1.2, 1.1.3" in md
+    first = next(s for s in book.sections if s.title == "Caching").text.splitlines()[0][:40]
+    assert first in md  # worst cases come with their first lines
+
+
+def test_clean_book_has_no_defects():
+    book = make([(f"Title {i}", prose(100 + i) + "\n\n```python\nprint('ok')\n```\n\nThe end.", {}) for i in range(8)])
+    j = find_defects(book).to_json()
+    assert j["duplicate_section_titles"]["count"] == 0
+    assert j["unterminated_blocks"]["count"] == 0 and j["unterminated_blocks"]["share"] == 0.0
+    assert j["code_blocks"]["python_syntax_errors"]["count"] == 0
+    assert j["code_blocks"]["unclosed_fences"]["count"] == 0
+    assert j["near_duplicate_sections"]["count"] == 0
+    for key in ("truncated_sections", "empty_sections", "failed_sections"):
+        assert j[key] == {"count": 0, "sections": []}
+
+
+def test_near_duplicates_find_identical_groups_and_are_fast():
+    import time
+
+    texts = [prose(i, 300) for i in range(1536)]
+    same = prose(5000, 200)
+    for i in (10, 500, 1500):
+        texts[i] = same  # three identical sections -> three pairs
+    texts[700] = texts[701][: len(texts[701]) // 2]  # half of another: containment 1.0
+    t = time.perf_counter()
+    pairs = near_duplicates(texts)
+    assert time.perf_counter() - t < 10  # seconds, not minutes (about one on an idle core)
+    found = {(i, j) for i, j, _, _ in pairs}
+    assert found == {(10, 500), (10, 1500), (500, 1500), (700, 701)}
