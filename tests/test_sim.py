@@ -482,3 +482,19 @@ def test_book_shape_matches_the_reference():
     assert 0.85 <= r["code_blocks_per_section"] <= 0.98  # reference 1,402 / 1,536 = 0.91
     assert r["python_blocks"] > 800 and r["python_syntax_errors"] == 0
     assert len(r["parts"]) == 8 and len(set(r["parts"])) == 8
+
+
+def test_text_seed_json_object_and_nested_schema():
+    body = chat_body('Write the section "Caching" in about 50 words.', max_tokens=200)
+    assert simtext.answer(MODEL, body).text == simtext.answer(MODEL, body).text
+    assert simtext.answer(MODEL, body, 1).text != simtext.answer(MODEL, body, 2).text
+    obj = simtext.answer(MODEL, {**body, "response_format": {"type": "json_object"}})
+    assert isinstance(orjson.loads(obj.text), dict)
+    schema = {"type": "object", "properties": {"chapters": {"type": "array", "minItems": 2, "maxItems": 2, "items": {
+        "type": "object", "properties": {"title": {"type": "string"},
+                                         "sections": {"type": "array", "items": {"type": "string"},
+                                                      "maxItems": 3}}}}}}
+    v = orjson.loads(simtext.answer(MODEL, {**body, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}).text)
+    assert len(v["chapters"]) == 2
+    assert all(isinstance(c["title"], str) and len(c["sections"]) == 3 for c in v["chapters"])

@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--stream-interval", type=int, default=d.stream_interval,
                    help=f"tokens per streamed chunk (default {d.stream_interval})")
     e.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply every modelled duration (default 1.0; >1 lets a small machine keep up)")
+                   help="multiply every modelled duration (default 1.0; >1 lets a small machine keep up: "
+                        "model seconds = wall seconds / time-scale). Fault times are wall seconds.")
     f = parser.add_argument_group("faults")
     f.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered HTTP 500")
     f.add_argument("--rate-limit-rate", type=float, default=0.0,
@@ -60,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "mid-stream")
     f.add_argument("--hang-rate", type=float, default=0.0, help="share of requests never answered")
     f.add_argument("--down-after", type=float, default=None, metavar="S",
-                   help="stop serving after S seconds (close the listener, drop connections)")
+                   help="stop serving after S wall seconds (close the listener, drop every connection)")
     f.add_argument("--down-for", type=float, default=None, metavar="S",
-                   help="with --down-after: come back after S seconds down (default: stay down)")
+                   help="with --down-after: listen again after S wall seconds down (default: stay down)")
     f.add_argument("--down-cards", default=None, metavar="LIST",
                    help="comma-separated card indexes --down-after applies to (default: all)")
     f.add_argument("--fault-seed", type=int, default=None, help="seed of the fault draws (default: random)")
