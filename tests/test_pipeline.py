@@ -128,14 +128,18 @@ def cards():
 
 def test_pipelined_and_strict_make_the_same_outline(cards, tmp_path):
     kw = {"parts": 2, "chapters": 3, "sections": 4, "words": 40, "max_tokens": 80, "formats": ("md",)}
+    seen: list = []
     a = generate("Write me a complete software engineering handbook", cards.urls,
-                 Settings(pipeline=True, **kw), out=tmp_path / "p")
+                 Settings(pipeline=True, **kw), out=tmp_path / "p", on_event=seen.append)
     b = generate("Write me a complete software engineering handbook", cards.urls,
                  Settings(pipeline=False, **kw), out=tmp_path / "s")
     assert a.complete and b.complete
     assert a.outline == b.outline
     assert a.outline.shape == (2, 6, 24)
     assert a.markdown == b.markdown
+    # through the whole job (journal wrapper included): part 1 started while the book's reply still streamed
+    order = [(type(ev).__name__, getattr(ev, "path", None), getattr(ev, "level", None)) for ev in seen]
+    assert order.index(("NodeStarted", "1", None)) < order.index(("LevelPlanned", None, 1))
 
 
 @pytest.mark.parametrize("json_schema", [True, False])
