@@ -1,0 +1,229 @@
+"""Markdown -> HTML (markdown-it-py + Jinja2) -> A5 PDF (WeasyPrint), fast enough for a 1,500-page book.
+
+    info = typeset(markdown, out_dir, formats=("html", "pdf"))     # writes out_dir/book.html, out_dir/book.pdf
+
+The book has a title page, a table of contents whose numbers are the pages where each part, chapter and section
+starts (each entry links there; the PDF has matching bookmarks), page numbers in the footer, the chapter title as
+the running head, parts on a page of their own, and highlighted code that wraps instead of running off the page.
+
+Model output is untrusted: raw HTML in it shows as text, images are shown as their alt text and never fetched,
+and WeasyPrint's URL fetcher serves only our own template assets and refuses everything else.
+
+How it is fast: see orchestrator/typeset_pdf.py (parts laid out in parallel processes, merged with global page
+numbers) and benchmarks/typeset.py (the measurements). ``handbook typeset BOOK.md`` is the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from markupsafe import Markup
+
+from .errors import ConfigError
+from .typeset_html import (
+    Node,
+    document_html,
+    parse_book,
+    plain_text,
+    render_inline,
+    render_markdown,
+    toc_entries,
+)
+
+__all__ = ["FORMATS", "TypesetInfo", "add_arguments", "run", "template_dir", "typeset", "typeset_to"]
+
+FORMATS = ("md", "html", "pdf")
+TEMPLATE_FILES = ("book.html.j2", "book.css")
+
+
+@dataclass(frozen=True)
+class TypesetInfo:
+    """What typesetting wrote, and what it cost."""
+
+    html_path: Path | None
+    pdf_path: Path | None
+    pdf_pages: int | None
+    seconds: float
+    sections: int = 0
+    workers: int = 0
+    chunks: int = 0
+    worker_peak_rss_mb: float | None = None  # the largest peak RSS of any one layout process
+
+
+def template_dir() -> Path:
+    """The bundled templates: ``orchestrator/templates`` in a wheel (hatch force-include), or the repository's
+    top-level ``templates/`` in an editable install or a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "book.html.j2").is_file():
+            return candidate
+    raise ConfigError(f"the book templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})")
+
+
+def _template_dirs(templates: str | Path | None) -> list[str]:
+    dirs = [str(template_dir())]
+    if templates is not None:
+        d = Path(templates).expanduser()
+        if not d.is_dir():
+            raise ConfigError(f"--templates {d}: not a directory")
+        if any((d / f).is_file() for f in TEMPLATE_FILES):
+            dirs.insert(0, str(d.resolve()))
+    return dirs
+
+
+def _formats(formats: Iterable[str]) -> set[str]:
+    out = set()
+    for f in formats:
+        f = f.strip().lower()
+        if not f:
+            continue
+        if f not in FORMATS:
+            raise ConfigError(f"unknown format {f!r}: choose from {', '.join(FORMATS)}")
+        out.add(f)
+    return out
+
+
+def typeset(
+    markdown: str,
+    out_dir: Path,
+    formats: Iterable[str] = ("pdf",),
+    templates: str | None = None,
+    *,
+    workers: int | None = None,
+) -> TypesetInfo:
+    """Write ``out_dir/book.html`` and/or ``out_dir/book.pdf`` ("md" in ``formats`` is ignored here)."""
+    out_dir = Path(out_dir)
+    fmts = _formats(formats)
+    return typeset_to(
+        markdown,
+        pdf_path=out_dir / "book.pdf" if "pdf" in fmts else None,
+        html_path=out_dir / "book.html" if "html" in fmts else None,
+        templates=templates,
+        workers=workers,
+    )
+
+
+def typeset_to(
+    markdown: str,
+    *,
+    pdf_path: Path | None,
+    html_path: Path | None,
+    templates: str | Path | None = None,
+    workers: int | None = None,
+    default_title: str = "Handbook",
+) -> TypesetInfo:
+    """Like :func:`typeset` with explicit output paths (either may be None)."""
+    t0 = time.perf_counter()
+    dirs = _template_dirs(templates)
+    root = parse_book(markdown, default_title=default_title)
+    sections = sum(1 for n in root.walk() if n.level == 4)
+    pdf_pages = None
+    peak = None
+    n_workers = 0
+    n_chunks = 0
+    fragments: dict[str, tuple[str, str]] = {}
+    for p in (pdf_path, html_path):
+        if p is not None:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+    if pdf_path is not None:
+        if importlib.util.find_spec("weasyprint") is None:
+            raise ConfigError("PDF output needs WeasyPrint: pip install weasyprint (or ask for --format html)")
+        from .typeset_pdf import default_workers, plan_chunks, render_pdf
+
+        n_workers = workers or default_workers()
+        n_chunks = len(plan_chunks(root, 600_000))
+        run = render_pdf(root, Path(pdf_path), dirs, workers=n_workers, want_fragments=html_path is not None)
+        pdf_pages = run.pages
+        peak = max(run.worker_peak_rss_mb, default=None)
+        fragments = run.fragments
+    if html_path is not None:
+        Path(html_path).write_text(_book_html(root, dirs, fragments), encoding="utf-8")
+    return TypesetInfo(
+        html_path=Path(html_path) if html_path is not None else None,
+        pdf_path=Path(pdf_path) if pdf_path is not None else None,
+        pdf_pages=pdf_pages,
+        seconds=time.perf_counter() - t0,
+        sections=sections,
+        workers=n_workers,
+        chunks=n_chunks,
+        worker_peak_rss_mb=peak,
+    )
+
+
+def _book_html(root: Node, dirs: list[str], fragments: dict[str, tuple[str, str]]) -> str:
+    """book.html: one self-contained document (CSS inlined, nothing to fetch), contents linked, no page numbers."""
+    for n in root.walk():
+        if n.level == 1:
+            continue
+        if n.id in fragments:
+            title_html, body_html = fragments[n.id]
+        else:
+            title_html, body_html = render_inline(n.title), render_markdown(n.body)
+        n.title_html = Markup(title_html)
+        n.body_html = Markup(body_html)
+    title_html = render_inline(root.title)
+    toc = [{"kind": n.kind, "id": n.id, "title_html": n.title_html, "page": ""} for n in toc_entries(root)]
+    return document_html(
+        dirs, mode="html", front=True, title_html=Markup(title_html), title_text=plain_text(title_html),
+        toc=toc, preface_html=Markup(render_markdown(root.body)), nodes=root.children,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# handbook typeset BOOK.md [--out BOOK.pdf] [--format pdf,html] [--templates DIR] [--workers N]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("book", metavar="BOOK.md", help="the Markdown book to typeset")
+    parser.add_argument("--out", metavar="BOOK.pdf",
+                        help="the PDF to write (default: BOOK.pdf next to BOOK.md); book.html goes beside it; "
+                             "a directory means DIR/book.pdf")
+    parser.add_argument("--format", default="pdf", metavar="LIST",
+                        help="comma-separated: html, pdf (md is accepted and ignored; default: pdf)")
+    parser.add_argument("--templates", metavar="DIR", help="a directory with book.html.j2 and/or book.css overrides")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="layout processes (default: one per CPU core)")
+
+
+def run(args: argparse.Namespace) -> int:
+    src = Path(args.book).expanduser()
+    if not src.is_file():
+        raise ConfigError(f"{src}: no such file")
+    try:
+        markdown = src.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{src}: cannot read it as UTF-8 text ({e})") from e
+    if not markdown.strip():
+        raise ConfigError(f"{src}: the file is empty")
+    fmts = _formats(str(args.format).split(","))
+    if not fmts & {"html", "pdf"}:
+        raise ConfigError("--format: nothing to typeset (choose html and/or pdf)")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    if args.out:
+        out = Path(args.out).expanduser()
+        if out.is_dir() or str(args.out).endswith(("/", "\\")):
+            pdf = out / "book.pdf"
+        elif out.suffix.lower() == ".pdf":
+            pdf = out
+        else:
+            raise ConfigError(f"--out {out}: give a .pdf file name or a directory")
+    else:
+        pdf = src.with_suffix(".pdf")
+    info = typeset_to(
+        markdown,
+        pdf_path=pdf if "pdf" in fmts else None,
+        html_path=pdf.with_suffix(".html") if "html" in fmts else None,
+        templates=args.templates,
+        workers=args.workers,
+        default_title=src.stem.replace("_", " ").replace("-", " ").strip() or "Handbook",
+    )
+    wrote = [str(p) for p in (info.pdf_path, info.html_path) if p is not None]
+    pages = f", {info.pdf_pages} pages" if info.pdf_pages is not None else ""
+    print(f"wrote {' and '.join(wrote)} ({info.sections} sections{pages}) in {info.seconds:.1f} s")
+    return 0
