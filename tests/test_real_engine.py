@@ -1,6 +1,6 @@
 """Against the real embedded engine: vLLM's CPU build serving SmolLM2-135M-Instruct (issue 7).
 
-Selected with ``-m real_engine`` (CI runs it after ``scripts/install-local-engine.sh``). These tests FAIL, never
+Part of `make test` (which installs the engine first); `make test-fast` leaves them out with -m 'not real_engine'. These tests FAIL, never
 skip, when the engine is not installed or cannot start. One engine start for the whole module, through the real
 CLI (``handbook engine start``); the end-to-end job is given no backend, so it goes through the default path
 (``LocalEngine`` reusing the running engine); the last test stops it with ``handbook engine stop``.
@@ -53,15 +53,6 @@ def generation_counter(url: str) -> float:
 def handbook(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, check=False)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _only_when_selected(request):
-    """These tests run when asked for by marker (``-m real_engine``, as CI does); a plain ``pytest`` run that
-    does not mention the marker passes over them, so that nobody starts a 3.5 GB engine by accident.
-    (Once pyproject's addopts carries ``-m 'not real_engine'`` pytest deselects them itself.)"""
-    if "real_engine" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("real-engine tests run with -m real_engine (after scripts/install-local-engine.sh)")
 
 
 @pytest.fixture(scope="module")
