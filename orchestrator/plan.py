@@ -31,9 +31,11 @@ import orjson
 from .client import BackendClient, Reply
 from .dispatch import Dispatcher
 from .errors import PlanError
-from .events import LevelPlanned
+from .events import LevelPlanned, NodeFinished
 from .outline import Chapter, Outline, Part
 from .prompts import list_schema, render
+
+RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see Planner._temperature)
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,7 @@ class _Expansion:
         self.matched = 0
         self.following = False
         self.t_first_child: float | None = None
+        self.unusable = 0  # replies of this node that failed validation
 
     def new_attempt(self) -> None:
         self.stream = TitleStream()
@@ -421,6 +424,14 @@ class Planner:
         # parent's reply is complete (node-level pipelining) instead of as its titles stream.
         self._streams = _accepts(dispatcher.run, "on_delta")
 
+    def _temperature(self, exp: _Expansion) -> float:
+        """The job's temperature, raised to RETRY_TEMPERATURE once a reply was unusable: at temperature 0 a
+        model answers a re-ask with the same reply (a small model repeating a title would fail every attempt),
+        so a re-ask must be allowed to differ. Transient errors (connection, 5xx) keep the job's temperature."""
+        if exp.unusable:
+            return max(self.s.temperature, RETRY_TEMPERATURE)
+        return self.s.temperature
+
     def _request(self, name: str, n: int, want_title: bool, exp: _Expansion, **values):
         def build(client: BackendClient, attempt: int) -> dict:
             exp.new_attempt()  # called at the start of every attempt: the stream parser starts afresh
@@ -435,12 +446,16 @@ class Planner:
             return client.body(
                 [{"role": "user", "content": text}],
                 max_tokens=self.s.plan_max_tokens,
-                temperature=self.s.temperature,
+                temperature=self._temperature(exp),
                 schema=list_schema(n, want_title) if use_json else None,
             )
 
         def validate(reply: Reply) -> Titles:
-            return parse_titles(reply.text, n, want_title, tuple(exp.committed), exp.title)
+            try:
+                return parse_titles(reply.text, n, want_title, tuple(exp.committed), exp.title)
+            except ValueError:
+                exp.unusable += 1
+                raise
 
         return build, validate
 
@@ -464,6 +479,7 @@ class Planner:
         if out.value is None:
             where = f"node {path!r} ({kind} {label!r})" if path else "the book node"
             raise PlanError(f"the outline could not be made: {where} failed {out.attempts} attempts: {out.reply.error}")
+        self.emit(NodeFinished(path, kind, label, out.reply, time.monotonic()))
         return out.value, len(exp.committed)
 
     async def plan(

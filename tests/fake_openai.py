@@ -12,6 +12,8 @@ Modes:
   stall        /v1/models is fine; chat streams two chunks, then goes silent for ``stall_s`` on the first
                ``stall_count`` requests, then answers normally
   retry-after  the first ``stall_count`` chat requests get 429 with ``Retry-After: retry_after``; then normal
+  repeats      like ``ok``, but at temperature 0 every title list repeats its first title (as a small model does);
+               at a temperature above 0 the titles are distinct
   ok           a minimal well-behaved server: JSON title lists ("Part topic 1", "Chapter topic 1", "Section
                topic 1", ...) and prose; sections titled in ``fail_sections`` always come back empty
 """
@@ -155,6 +157,8 @@ class FakeServer:
             low = content.lower()
             level = "Section" if "section titles" in low else "Chapter" if "chapter titles" in low else "Part"
             body: dict = {"items": [f"{level} topic {i}" for i in range(1, count + 1)]}
+            if self.mode == "repeats" and not req.get("temperature"):
+                body["items"] = [f"{level} topic 1"] * count
             if "title" in props:
                 body["title"] = "A Test Book"
             return json.dumps(body)

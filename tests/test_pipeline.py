@@ -185,3 +185,24 @@ def test_children_start_while_the_parent_reply_still_streams(json_schema):
                     r.t_end for r in ch)
 
     anyio.run(main)
+
+
+def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path):
+    """At temperature 0 a re-ask gets the same reply; a model that repeats titles would fail every attempt."""
+    from orchestrator import Settings, generate
+    from fake_openai import FakeServer
+
+    seen: list[float] = []
+    with FakeServer("repeats") as srv:
+        result = generate(
+            "A book", backends=[srv.url],
+            settings=Settings(parts=2, chapters=2, sections=2, formats=("md",), temperature=0.0),
+            out=tmp_path / "o", on_event=lambda e: None,
+        )
+        seen = [n for n in srv.chat_requests]
+    assert result.complete and result.outline.shape == (2, 4, 8)
+    titles = [p.title for p in result.outline.parts]
+    assert len(set(titles)) == 2
+    # Every planning node needed one re-ask; sections were asked once each at temperature 0.
+    assert result.stats["planning_requests"] == 2 * (1 + 2 + 4)
+    assert len(seen) == 2 * 7 + 8
