@@ -99,8 +99,29 @@ def extract_titles(text: str) -> tuple[str | None, list[str]]:
     return title or None, [x for x in items if x]
 
 
+_PLACEHOLDER = re.compile(
+    r"^(?:part|chapter|section|item|title|topic|heading|subtitle|name)(?:\s+(?:\d+(?:\.\d+)*|[ivxlc]+|[a-z]))?$", re.I
+)
+
+
+def weak_title(title: str, avoid: frozenset[str]) -> str | None:
+    """Why a title is no use as an outline node (it repeats a parent or is a placeholder), or None."""
+    if norm(title) in avoid:
+        return f"title {title!r} repeats a parent's title"
+    if _PLACEHOLDER.match(title.strip()):
+        return f"placeholder title {title!r}"
+    return None
+
+
 def parse_titles(
-    text: str, n: int, want_title: bool, fixed: tuple[str, ...] = (), fixed_title: str | None = None
+    text: str,
+    n: int,
+    want_title: bool,
+    fixed: tuple[str, ...] = (),
+    fixed_title: str | None = None,
+    avoid: frozenset[str] = frozenset(),
+    *,
+    strict: bool = True,
 ) -> Titles:
     """Parse a planning reply (JSON, numbered, bulleted or plain lines). Raises ValueError when unusable.
 
@@ -126,6 +147,12 @@ def parse_titles(
         seen.add(k)
     if want_title and not title:
         raise ValueError("no book title")
+    if strict:
+        avoid = avoid | ({norm(title)} if title else set())
+        for x in items[len(fixed):]:
+            why = weak_title(x, avoid)
+            if why:
+                raise ValueError(why)
     return Titles(title, tuple(items))
 
 
@@ -330,8 +357,16 @@ class _Expansion:
     its title streams past", and the outline is exactly what strict mode makes from the same prompts.
     """
 
-    def __init__(self, n: int, want_title: bool, start_child: Callable[[int, str, str | None], None] | None):
+    def __init__(
+        self,
+        n: int,
+        want_title: bool,
+        start_child: Callable[[int, str, str | None], None] | None,
+        avoid: frozenset[str] = frozenset(),
+    ):
         self.n = n
+        self.avoid = avoid  # normalised ancestor titles: a child repeating one is not started (see parse_titles)
+        self.attempts = 0
         self.want_title = want_title
         self.start_child = start_child  # (index, title, book title) -> None; None in strict mode
         self.committed: list[str] = []
@@ -344,6 +379,7 @@ class _Expansion:
         self.unusable = 0  # replies of this node that failed validation
 
     def new_attempt(self) -> None:
+        self.attempts += 1
         self.stream = TitleStream()
         self.matched = 0
         self.following = self.start_child is not None and len(self.committed) < self.n
@@ -381,6 +417,9 @@ class _Expansion:
                 return
             if self.want_title and self.title is None:
                 self.title = s.title
+            if weak_title(t, self.avoid | ({norm(self.title)} if self.title else set())):
+                self.following = False
+                return
             self.committed.append(t)
             self.norms.add(k)
             self.matched += 1
@@ -451,8 +490,12 @@ class Planner:
             )
 
         def validate(reply: Reply) -> Titles:
+            # The last attempt accepts weak titles (repeating a parent, placeholders) rather than lose the book.
+            strict = exp.attempts < self.s.attempts
             try:
-                return parse_titles(reply.text, n, want_title, tuple(exp.committed), exp.title)
+                return parse_titles(
+                    reply.text, n, want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict
+                )
             except ValueError:
                 exp.unusable += 1
                 raise
@@ -471,7 +514,8 @@ class Planner:
         **values,
     ) -> tuple[Titles, int]:
         """Plan one node. Returns its titles and how many children were already started from its stream."""
-        exp = _Expansion(n, want_title, start_child)
+        ancestors = [values.get(k) for k in ("book", "part", "chapter")]
+        exp = _Expansion(n, want_title, start_child, frozenset(norm(a) for a in ancestors if a))
         build, validate = self._request(name, n, want_title, exp, **values)
         self.level_requests[len(path.split(".")) if path else 0] += 1
         kw = {"on_delta": exp.on_delta} if start_child is not None and self._streams else {}

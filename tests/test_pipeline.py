@@ -206,3 +206,19 @@ def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path
     # Every planning node needed one re-ask; sections were asked once each at temperature 0.
     assert result.stats["planning_requests"] == 2 * (1 + 2 + 4)
     assert len(seen) == 2 * 7 + 8
+
+
+def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
+    from orchestrator.plan import norm, parse_titles
+
+    avoid = frozenset({norm("Software Engineering Handbook"), norm("Testing")})
+    with pytest.raises(ValueError, match="repeats a parent"):
+        parse_titles('{"items": ["Unit tests", "Testing"]}', 2, False, avoid=avoid)
+    with pytest.raises(ValueError, match="placeholder"):
+        parse_titles("1. Section 1\n2. Mocks", 2, False, avoid=avoid)
+    with pytest.raises(ValueError, match="repeats a parent"):  # a part may not repeat the book's own title
+        parse_titles('{"title": "Guide", "items": ["Guide", "Design"]}', 2, True)
+    # The last attempt takes them rather than lose the book.
+    got = parse_titles('{"items": ["Unit tests", "Testing"]}', 2, False, avoid=avoid, strict=False)
+    assert got.items == ("Unit tests", "Testing")
+    assert parse_titles("1. Fakes\n2. Mocks", 2, False, avoid=avoid).items == ("Fakes", "Mocks")
