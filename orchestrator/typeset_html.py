@@ -162,8 +162,10 @@ def toc_entries(root: Node) -> list[Node]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Highlighting: few boxes. WeasyPrint pays per inline box, so only keywords, strings and comments get a span and
-# neighbouring tokens of one class share it (whitespace joins whatever run it is in).
+# Highlighting: few boxes. WeasyPrint pays for every inline box (measured: a keyword span costs about as much as a
+# short line of prose), so code is coloured the "alabaster" way: comments, strings and the names that definitions
+# introduce (def/class names), not every keyword. Neighbouring tokens of one class share a span, spaces join
+# whatever run they are in, and no span crosses a line break.
 
 _HL_CLASS_CACHE: dict[Any, str | None] = {}
 
@@ -172,14 +174,14 @@ def _hl_class(ttype) -> str | None:
     cls = _HL_CLASS_CACHE.get(ttype, "?")
     if cls != "?":
         return cls
-    from pygments.token import Comment, Keyword, Name, Operator, String
+    from pygments.token import Comment, Name, String
 
     if ttype in Comment:
         cls = "c"
     elif ttype in String:
         cls = "s"
-    elif ttype in Keyword or ttype in Operator.Word or ttype in Name.Decorator:
-        cls = "k"
+    elif ttype in Name.Function or ttype in Name.Class or ttype in Name.Decorator:
+        cls = "d"
     else:
         cls = None
     _HL_CLASS_CACHE[ttype] = cls
@@ -202,7 +204,7 @@ def _lexer(lang: str):
 
 
 def highlight(code: str, lang: str) -> str:
-    """Escaped HTML of ``code`` with at most one span per run of keyword / string / comment tokens."""
+    """Escaped HTML of ``code``: one span per run of comment, string or definition-name tokens."""
     lexer = _lexer(lang.lower()) if lang else None
     if lexer is None or len(code) > 200_000:
         return html.escape(code, quote=False)

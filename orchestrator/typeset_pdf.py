@@ -1,18 +1,17 @@
 """The parallel PDF path: chunks laid out in worker processes, then one merge with global page numbers.
 
 Why this shape (measured on the 2-core machine, see benchmarks/typeset.py): one WeasyPrint pass over a 1,500-page
-book costs ~100 s and >2 GB; its cost is CPU-bound Python, so the only way to 30 s is to run independent pieces
-on both cores. A part's page count does not depend on the number of its first page, so
+book costs ~100 s and >2 GB; the cost is CPU-bound Python, so the way to 30 s is to lay out independent pieces on
+every core. A part's page count does not depend on the number of its first page, so
 
-1. each part (a chunk) is laid out in its own short-lived process, biggest first, ``workers`` at a time;
-2. the title page and contents are laid out once early with placeholder numbers, only to count their pages;
-3. as soon as every chunk has been *laid out* (a worker reports its page count before it draws its PDF) the
-   global numbers are known and the contents are laid out again with them, while the last parts are drawn;
-4. the merge (pypdf) concatenates the pages, stamps the footer number on each page (a tiny embedded digits-only
-   subset of DejaVu Sans), links every contents entry to where its heading starts, and writes the bookmarks.
+1. each part (a chunk) and the front matter (title page and contents) are laid out as separate documents by
+   long-lived worker processes, biggest first, one per core;
+2. each worker reports where every heading landed (page and position) and writes its chunk's PDF;
+3. the parent reads each chunk's PDF as soon as it is written (overlapping the layout of the others), then
+   prints the global page number in every footer and beside every contents entry (a tiny embedded subset of
+   DejaVu Sans digits), links each contents entry to its heading, adds bookmarks, and writes the book.
 
-Workers come from a fork server that preloads WeasyPrint, so a worker starts in milliseconds with a clean, small
-address space (no copy of the parent's memory inflating its RSS), and each one exits after its chunk.
+So neither the contents nor the footers need a second layout pass, and no worker ever holds more than a part.
 """
 
 from __future__ import annotations
@@ -79,8 +78,20 @@ def default_workers() -> int:
     return max(1, n)
 
 
+# The worker imports this package's typeset modules without running orchestrator/__init__.py (which pulls in the
+# whole job machinery: ~0.5 s per worker for nothing): a bare package object stands in for it.
+_BOOTSTRAP = (
+    "import sys, types\n"
+    "pkg = types.ModuleType('orchestrator')\n"
+    "pkg.__path__ = [sys.argv[1]]\n"
+    "sys.modules['orchestrator'] = pkg\n"
+    "from orchestrator.typeset_worker import main\n"
+    "main()\n"
+)
+
+
 class _Worker:
-    """``python -m orchestrator.typeset_worker``: imports WeasyPrint once, then runs the jobs it is sent.
+    """A layout process: imports WeasyPrint once, then runs the jobs it is sent, one at a time.
 
     A plain subprocess rather than multiprocessing: nothing re-imports the caller's ``__main__`` (a script without
     an ``if __name__ == "__main__"`` guard stays safe), nothing is forked from a parent that may run threads, and
@@ -88,15 +99,12 @@ class _Worker:
     """
 
     def __init__(self, wid: int, events: queue.Queue):
-        env = dict(os.environ)
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.wid = wid
         self.job: int | None = None
         self.stderr_tail = b""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.typeset_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
+            [sys.executable, "-c", _BOOTSTRAP, str(Path(__file__).resolve().parent)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
         )
         self._events = events
         threading.Thread(target=self._read, daemon=True, name=f"typeset-worker-{wid}").start()
@@ -201,49 +209,40 @@ class _Pool:
 def plan_chunks(root: Node, max_chunk_chars: int) -> list[list[Node]]:
     """Group the book's top-level nodes into chunks, each laid out as its own document (so each starts a page).
 
-    A part is a chunk. A part bigger than ``max_chunk_chars`` is cut between chapters into roughly equal runs
-    (each run then starts on a new page); chapters or sections outside any part are grouped the same way.
+    A part is a chunk. A part bigger than ``max_chunk_chars`` is cut between chapters into runs of about equal
+    size (each run then starts on a new page; the part heading leads the first); chapters or sections outside
+    any part are grouped the same way.
     """
-    chunks: list[list[Node]] = []
-    loose: list[Node] = []
 
-    def split(nodes: list[Node]) -> None:
+    def split(nodes: list[Node]) -> list[list[Node]]:
         total = sum(n.size() for n in nodes)
-        pieces = max(1, -(-total // max_chunk_chars))
-        target = total / pieces
-        cur: list[Node] = []
+        target = total / max(1, -(-total // max_chunk_chars))
+        runs: list[list[Node]] = [[]]
         acc = 0
         for n in nodes:
-            if cur and acc + n.size() / 2 > target * (len(chunks_local) + 1):
-                chunks_local.append(cur)
-                cur = []
-            cur.append(n)
+            if runs[-1] and acc + n.size() / 2 > target * len(runs):
+                runs.append([])
+            runs[-1].append(n)
             acc += n.size()
-        if cur:
-            chunks_local.append(cur)
+        return runs
 
+    chunks: list[list[Node]] = []
+    loose: list[Node] = []
     for n in root.children:
-        if n.level == 2:
-            if loose:
-                chunks_local: list[list[Node]] = []
-                split(loose)
-                chunks.extend(chunks_local)
-                loose = []
-            if n.size() <= max_chunk_chars or len(n.children) < 2:
-                chunks.append([n])
-            else:
-                head = Node(n.level, n.title, n.id, n.body, [])
-                chunks_local = []
-                split(n.children)
-                chunks_local[0] = [head, *chunks_local[0]]
-                # The part heading and its first run stay together; later runs continue the part.
-                chunks.extend(chunks_local)
-        else:
+        if n.level != 2:
             loose.append(n)
+            continue
+        if loose:
+            chunks += split(loose)
+            loose = []
+        if n.size() <= max_chunk_chars or len(n.children) < 2:
+            chunks.append([n])
+        else:
+            runs = split(n.children)
+            runs[0].insert(0, Node(n.level, n.title, n.id, n.body, []))
+            chunks += runs
     if loose:
-        chunks_local = []
-        split(loose)
-        chunks.extend(chunks_local)
+        chunks += split(loose)
     return chunks
 
 
@@ -295,6 +294,7 @@ def render_pdf(
     }
     pending = sorted([front, *body_jobs], key=lambda j: j["cost"], reverse=True)  # biggest first
     pool = _Pool(min(workers, len(pending)))
+    merger = Merger()
     results: dict[int, dict[str, Any]] = {}
     ok = False
     try:
@@ -307,13 +307,17 @@ def render_pdf(
                     raise TypesetError(f"typesetting chunk {idx} failed: {payload.strip().splitlines()[0]}")
                 if kind == "done":
                     results[idx] = payload
+                    for w in pool.idle():  # keep the workers busy first, then read the finished chunk
+                        if pending:
+                            w.send(pending.pop(0))
+                    merger.add(idx, payload["out"])
         bodies = [results[j["index"]] for j in body_jobs]
         # WeasyPrint has been seen to stop silently mid-flow on very long documents: every heading must have landed.
         placed = set().union(*(b["anchors"] for b in bodies))
         missing = [n.id for n in root.walk() if n.level > 1 and n.id not in placed]
         if missing:
             raise TypesetError(f"{len(missing)} headings are missing from the laid-out PDF (first: {missing[0]})")
-        pages = merge_pdf(results[0], bodies, out_pdf, root, title_text)
+        pages = merger.finish(results[0], bodies, out_pdf, root, title_text)
         ok = True
     finally:
         pool.close(kill=not ok)
@@ -369,19 +373,21 @@ class _DigitFont:
         return sum(self.widths[ord(c) - 48] for c in text) / 1000 * size
 
 
-def _digit_font(writer, pattern: str, tag: str) -> _DigitFont:
-    """An embedded TrueType subset holding only the digits of ``pattern`` (DejaVu Sans), or Helvetica."""
+@dataclass(frozen=True)
+class _DigitData:
+    name: str
+    data: bytes | None  # a TrueType subset with the digits, or None for Helvetica
+    widths: tuple[float, ...]  # '0'..'9' in 1/1000 em
+    bbox: tuple[float, float, float, float] = (0, 0, 0, 0)
+    ascent: float = 718.0
+    descent: float = -207.0
+
+
+def _digit_data(pattern: str) -> _DigitData:
+    """The digits of the font fontconfig gives for ``pattern`` as a tiny TrueType subset (pure: no PDF objects)."""
     import logging
 
-    from pypdf.generic import (
-        ArrayObject,
-        DecodedStreamObject,
-        DictionaryObject,
-        FloatObject,
-        NameObject,
-        NumberObject,
-    )
-
+    bold = "bold" in pattern.lower()
     path = _font_file(pattern)
     if path is not None:
         try:
@@ -399,68 +405,127 @@ def _digit_font(writer, pattern: str, tag: str) -> _DigitFont:
             sub = ftsubset.Subsetter(opts)
             sub.populate(text="0123456789")
             sub.subset(font)
-            upem = font["head"].unitsPerEm
-            scale = 1000 / upem
+            scale = 1000 / font["head"].unitsPerEm
             cmap = font.getBestCmap()
-            widths = [font["hmtx"][cmap[ord(c)]][0] * scale for c in "0123456789"]
             head, hhea = font["head"], font["hhea"]
             buf = BytesIO()
             font.save(buf)
-            data = buf.getvalue()
-            ff = DecodedStreamObject()
-            ff.set_data(data)
-            ff[NameObject("/Length1")] = NumberObject(len(data))
-            ff = ff.flate_encode()
-            base = NameObject(f"/{tag}+{path.stem.replace('-', '')}")
-            descriptor = DictionaryObject({
-                NameObject("/Type"): NameObject("/FontDescriptor"),
-                NameObject("/FontName"): base,
-                NameObject("/Flags"): NumberObject(32),
-                NameObject("/FontBBox"): ArrayObject([FloatObject(round(v * scale, 1)) for v in
-                                                      (head.xMin, head.yMin, head.xMax, head.yMax)]),
-                NameObject("/ItalicAngle"): NumberObject(0),
-                NameObject("/Ascent"): FloatObject(round(hhea.ascent * scale, 1)),
-                NameObject("/Descent"): FloatObject(round(hhea.descent * scale, 1)),
-                NameObject("/CapHeight"): FloatObject(round(hhea.ascent * scale, 1)),
-                NameObject("/StemV"): NumberObject(80),
-                NameObject("/FontFile2"): writer._add_object(ff),
-            })
-            fontdict = DictionaryObject({
-                NameObject("/Type"): NameObject("/Font"),
-                NameObject("/Subtype"): NameObject("/TrueType"),
-                NameObject("/BaseFont"): base,
-                NameObject("/FirstChar"): NumberObject(48),
-                NameObject("/LastChar"): NumberObject(57),
-                NameObject("/Widths"): ArrayObject([FloatObject(round(w, 2)) for w in widths]),
-                NameObject("/Encoding"): NameObject("/WinAnsiEncoding"),
-                NameObject("/FontDescriptor"): writer._add_object(descriptor),
-            })
-            return _DigitFont(writer._add_object(fontdict), widths, hhea.ascent * scale)
+            return _DigitData(
+                name=path.stem.replace("-", ""),
+                data=buf.getvalue(),
+                widths=tuple(round(font["hmtx"][cmap[ord(c)]][0] * scale, 2) for c in "0123456789"),
+                bbox=tuple(round(v * scale, 1) for v in (head.xMin, head.yMin, head.xMax, head.yMax)),
+                ascent=round(hhea.ascent * scale, 1),
+                descent=round(hhea.descent * scale, 1),
+            )
         except Exception as e:  # noqa: BLE001  (fall back to a standard font below)
             logging.getLogger(__name__).debug("digits font from %s failed: %s", path, e)
+    return _DigitData(name="Helvetica-Bold" if bold else "Helvetica", data=None, widths=(556.0,) * 10)
+
+
+def _embed_digits(writer, d: _DigitData, tag: str) -> _DigitFont:
+    from pypdf.generic import (
+        ArrayObject,
+        DecodedStreamObject,
+        DictionaryObject,
+        FloatObject,
+        NameObject,
+        NumberObject,
+    )
+
+    if d.data is None:
+        fontdict = DictionaryObject({
+            NameObject("/Type"): NameObject("/Font"),
+            NameObject("/Subtype"): NameObject("/Type1"),
+            NameObject("/BaseFont"): NameObject("/" + d.name),
+            NameObject("/Encoding"): NameObject("/WinAnsiEncoding"),
+        })
+        return _DigitFont(writer._add_object(fontdict), list(d.widths), d.ascent)
+    ff = DecodedStreamObject()
+    ff.set_data(d.data)
+    ff[NameObject("/Length1")] = NumberObject(len(d.data))
+    ff = ff.flate_encode()
+    base = NameObject(f"/{tag}+{d.name}")
+    descriptor = DictionaryObject({
+        NameObject("/Type"): NameObject("/FontDescriptor"),
+        NameObject("/FontName"): base,
+        NameObject("/Flags"): NumberObject(32),
+        NameObject("/FontBBox"): ArrayObject([FloatObject(v) for v in d.bbox]),
+        NameObject("/ItalicAngle"): NumberObject(0),
+        NameObject("/Ascent"): FloatObject(d.ascent),
+        NameObject("/Descent"): FloatObject(d.descent),
+        NameObject("/CapHeight"): FloatObject(d.ascent),
+        NameObject("/StemV"): NumberObject(80),
+        NameObject("/FontFile2"): writer._add_object(ff),
+    })
     fontdict = DictionaryObject({
         NameObject("/Type"): NameObject("/Font"),
-        NameObject("/Subtype"): NameObject("/Type1"),
-        NameObject("/BaseFont"): NameObject("/Helvetica-Bold" if "bold" in pattern.lower() else "/Helvetica"),
+        NameObject("/Subtype"): NameObject("/TrueType"),
+        NameObject("/BaseFont"): base,
+        NameObject("/FirstChar"): NumberObject(48),
+        NameObject("/LastChar"): NumberObject(57),
+        NameObject("/Widths"): ArrayObject([FloatObject(w) for w in d.widths]),
         NameObject("/Encoding"): NameObject("/WinAnsiEncoding"),
+        NameObject("/FontDescriptor"): writer._add_object(descriptor),
     })
-    return _DigitFont(writer._add_object(fontdict), [556.0] * 10, 718.0)
+    return _DigitFont(writer._add_object(fontdict), list(d.widths), d.ascent)
+
+
+class Merger:
+    """Collects the chunk PDFs as they finish (in any order, while the other chunks are still being laid out),
+    then numbers, links and writes the book: the serial tail after the last chunk stays short."""
+
+    def __init__(self) -> None:
+        from pypdf import PdfWriter
+
+        self.writer = PdfWriter()
+        self.counts: dict[int, int] = {}
+        self._digits: dict[str, _DigitData] = {}
+        self._fonts_thread = threading.Thread(target=self._prepare_fonts, daemon=True)
+        self._fonts_thread.start()
+
+    def _prepare_fonts(self) -> None:
+        for key, pattern in (("R", "DejaVu Sans"), ("B", "DejaVu Sans:bold")):
+            self._digits[key] = _digit_data(pattern)
+
+    def add(self, index: int, pdf_path: str) -> None:
+        from pypdf import PdfReader
+
+        pos = sum(n for i, n in self.counts.items() if i < index)
+        reader = PdfReader(pdf_path)
+        n = 0
+        for n, page in enumerate(reader.pages, start=1):
+            self.writer.insert_page(page, pos + n - 1)
+        self.counts[index] = n
+
+    def finish(self, front: dict[str, Any], bodies: list[dict[str, Any]], out_pdf: Path, root: Node,
+               title: str) -> int:
+        self._fonts_thread.join()
+        fonts = {k: _embed_digits(self.writer, self._digits[k], f"HBDGT{k}") for k in ("R", "B")}
+        return _finish(self.writer, fonts, front, bodies, out_pdf, root, title)
 
 
 def merge_pdf(front: dict[str, Any], bodies: list[dict[str, Any]], out_pdf: Path, root: Node, title: str) -> int:
     """Concatenate the chunks; stamp footer and contents numbers; link the contents; write the bookmarks."""
-    from pypdf import PdfReader, PdfWriter
+    m = Merger()
+    for r in [front, *bodies]:
+        m.add(r["index"], r["out"])
+    return m.finish(front, bodies, out_pdf, root, title)
+
+
+def _finish(writer, fonts: dict[str, _DigitFont], front: dict[str, Any], bodies: list[dict[str, Any]],
+            out_pdf: Path, root: Node, title: str) -> int:
     from pypdf.annotations import Link
     from pypdf.generic import ArrayObject, DecodedStreamObject, DictionaryObject, Fit, NameObject
 
-    writer = PdfWriter()
-    starts: list[int] = []
-    chunks = [front, *bodies]
-    for r in chunks:
-        starts.append(len(writer.pages))
-        for page in PdfReader(r["out"]).pages:
-            writer.add_page(page)
     total = len(writer.pages)
+    starts = []
+    acc = 0
+    for r in [front, *bodies]:
+        starts.append(acc)
+        acc += r["pages"]
+    if acc != total:
+        raise TypesetError(f"the merged PDF has {total} pages where the chunks had {acc}")
 
     # Where every heading starts: global page index, (x, y) in pt. A chunk's pages all have its first page's size.
     dest: dict[str, tuple[int, float, float]] = {}
@@ -469,7 +534,6 @@ def merge_pdf(front: dict[str, Any], bodies: list[dict[str, Any]], out_pdf: Path
         for name, (page, x1, y1, _x2, _y2) in r["anchors"].items():
             dest[name] = (start + page, x1 * PX_TO_PT, (h_px - y1) * PX_TO_PT)
 
-    fonts = {"R": _digit_font(writer, "DejaVu Sans", "HBDGTR"), "B": _digit_font(writer, "DejaVu Sans:bold", "HBDGTB")}
     stamps: dict[int, list[str]] = {}
 
     def stamp(page: int, font: str, size: float, x: float, y: float, text: str, grey: float) -> None:

@@ -1,7 +1,8 @@
 """One WeasyPrint layout, in its own process: a chunk of the book (a part, or the title page and contents) -> PDF.
 
-Run as ``python -m orchestrator.typeset_worker`` by orchestrator/typeset_pdf.py: each worker imports WeasyPrint once
-and lays out the chunks it is sent, one at a time. The parent never imports this module (it only merges).
+Started by orchestrator/typeset_pdf.py (see ``_BOOTSTRAP`` there; ``python -m orchestrator.typeset_worker`` works
+too): each worker imports WeasyPrint once and lays out the chunks it is sent, one at a time. The parent never
+imports this module (it only merges).
 """
 
 from __future__ import annotations
