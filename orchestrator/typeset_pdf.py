@@ -40,6 +40,7 @@ PX_TO_PT = 0.75  # WeasyPrint's CSS px -> PDF pt
 FOOTER_BASELINE_PT = 8.5 * 72 / 25.4
 FOOTER_SIZE_PT = 7.0
 FOOTER_GREY = 0.35
+WORKER_SILENCE_S = 900  # a chunk of the reference book takes ~6 s: this only catches a hung worker
 
 
 class TypesetError(HandbookError):
@@ -173,7 +174,10 @@ class _Pool:
 
     def messages(self) -> list[tuple[str, int, Any]]:
         """Block until at least one message; a worker that died mid-job becomes an "error" message."""
-        items = [self.events.get()]
+        try:
+            items = [self.events.get(timeout=WORKER_SILENCE_S)]
+        except queue.Empty:
+            raise TypesetError(f"a layout worker said nothing for {WORKER_SILENCE_S} s; gave up") from None
         while True:
             try:
                 items.append(self.events.get_nowait())

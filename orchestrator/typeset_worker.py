@@ -12,7 +12,6 @@ import logging
 import mimetypes
 import os
 import pickle
-import resource
 import struct
 import sys
 import time
@@ -56,7 +55,12 @@ class AssetFetcher(URLFetcher):
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    try:
+        import resource
+    except ImportError:  # pragma: no cover  (Windows)
+        return 0.0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024.0 * 1024.0) if sys.platform == "darwin" else rss / 1024.0
 
 
 def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
