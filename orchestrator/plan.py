@@ -35,6 +35,8 @@ from .events import LevelPlanned, NodeFinished
 from .outline import Chapter, Outline, Part
 from .prompts import list_schema, render
 
+MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
+MAX_TITLE_WORDS = 24
 RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see Planner._temperature)
 
 
@@ -106,6 +108,8 @@ _PLACEHOLDER = re.compile(
 
 def weak_title(title: str, avoid: frozenset[str]) -> str | None:
     """Why a title is no use as an outline node (it repeats a parent or is a placeholder), or None."""
+    if len(title) > MAX_TITLE_CHARS or len(title.split()) > MAX_TITLE_WORDS:
+        return f"title too long ({len(title)} characters): {title[:60]!r}..."
     if norm(title) in avoid:
         return f"title {title!r} repeats a parent's title"
     if _PLACEHOLDER.match(title.strip()):
@@ -153,7 +157,16 @@ def parse_titles(
             why = weak_title(x, avoid)
             if why:
                 raise ValueError(why)
+    else:  # the last attempt: keep the book, but never send a rambling title on into its children's prompts
+        items = [_shorten(x) for x in items]
+        title = _shorten(title) if title else title
     return Titles(title, tuple(items))
+
+
+def _shorten(title: str) -> str:
+    words = title.split()[:MAX_TITLE_WORDS]
+    out = " ".join(words)
+    return out if len(out) <= MAX_TITLE_CHARS else out[: MAX_TITLE_CHARS - 1].rstrip() + "…"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -521,7 +534,8 @@ class Planner:
         kw = {"on_delta": exp.on_delta} if start_child is not None and self._streams else {}
         out = await self.d.run(path, kind, label, build, validate, priority=(0, 0), **kw)
         if out.value is None:
-            where = f"node {path!r} ({kind} {label!r})" if path else "the book node"
+            short = label if len(label) <= 80 else label[:77] + "..."
+            where = f"node {path!r} ({kind} {short!r})" if path else "the book node"
             raise PlanError(f"the outline could not be made: {where} failed {out.attempts} attempts: {out.reply.error}")
         self.emit(NodeFinished(path, kind, label, out.reply, time.monotonic()))
         return out.value, len(exp.committed)

@@ -222,3 +222,13 @@ def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
     got = parse_titles('{"items": ["Unit tests", "Testing"]}', 2, False, avoid=avoid, strict=False)
     assert got.items == ("Unit tests", "Testing")
     assert parse_titles("1. Fakes\n2. Mocks", 2, False, avoid=avoid).items == ("Fakes", "Mocks")
+
+
+def test_a_rambling_title_is_reasked_not_sent_on():
+    from orchestrator.plan import parse_titles
+
+    ramble = "Programming Language Fundamentals, " + ", ".join(f"{i}. Cloud Computing" for i in range(1, 40))
+    with pytest.raises(ValueError, match="too long"):
+        parse_titles(orjson.dumps({"items": ["Basics", ramble]}).decode(), 2, False)
+    got = parse_titles(orjson.dumps({"items": ["Basics", ramble]}).decode(), 2, False, strict=False)
+    assert len(got.items[1]) <= 160 and got.items[0] == "Basics"
