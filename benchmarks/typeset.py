@@ -207,7 +207,20 @@ def _child(markdown_path: str, out_dir: str, workers: int | None) -> None:
     wall = time.perf_counter() - t0
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    verified = None
+    if os.environ.get("HANDBOOK_BENCH_VERIFY"):
+        # Outside the timing: every part, chapter and section title must be in the PDF's text (WeasyPrint has been
+        # seen to stop silently mid-flow on long documents).
+        from pypdf import PdfReader
+
+        from orchestrator.typeset_html import parse_book, plain_text, render_inline
+
+        text = " ".join(" ".join(p.extract_text().split()) for p in PdfReader(str(info.pdf_path)).pages)
+        titles = [" ".join(plain_text(render_inline(n.title)).split()) for n in parse_book(markdown).walk()]
+        missing = [t for t in titles if t not in text]
+        verified = {"headings": len(titles), "missing": len(missing), "first_missing": missing[:3]}
     print(json.dumps({
+        "verified": verified,
         "pages": info.pdf_pages,
         "wall_s": round(wall, 2),
         "cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 2),
@@ -226,6 +239,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per book; the table shows the fastest")
     ap.add_argument("--keep", metavar="DIR", help="keep the PDFs here")
     ap.add_argument("--json", action="store_true", help="print the full book's result as JSON last")
+    ap.add_argument("--verify", action="store_true",
+                    help="after timing, check that every heading's title is in the PDF text (slow)")
     ap.add_argument("--child", nargs=2, metavar=("MARKDOWN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -251,7 +266,8 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--child", str(md), str(out)]
                 if args.workers:
                     cmd += ["--workers", str(args.workers)]
-                res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                env = dict(os.environ, HANDBOOK_BENCH_VERIFY="1" if args.verify else "")
+                res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
                 if res.returncode != 0:
                     sys.stderr.write(res.stderr)
                     return 1
@@ -272,6 +288,11 @@ def main() -> int:
         print(f"{name:6} {r['sections']:>8,} {r['words']:>8,} {r['code_blocks']:>5,} {r['pages']:>6,} "
               f"{r['wall_s']:>7.1f} {r['cpu_s']:>7.1f} {r['peak_rss_mb']:>11.0f} {split:>15} {r['workers']:>7} "
               f"{r['load']:>5} {r['defects_s']:>9.2f}")
+    for name, r in rows.items():
+        if r.get("verified"):
+            v = r["verified"]
+            print(f"{name}: {v['headings'] - v['missing']:,} of {v['headings']:,} headings found in the PDF text"
+                  + (f"; missing e.g. {v['first_missing']}" if v["missing"] else ""))
     if "full" in rows:
         r = rows["full"]
         verdict = "meets" if r["wall_s"] <= 30 and r["peak_rss_mb"] <= 1024 else "misses"
