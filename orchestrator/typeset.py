@@ -133,12 +133,12 @@ def typeset_to(
     if pdf_path is not None:
         if importlib.util.find_spec("weasyprint") is None:
             raise ConfigError("PDF output needs WeasyPrint: pip install weasyprint (or ask for --format html)")
-        from .typeset_pdf import default_workers, plan_chunks, render_pdf
+        from .typeset_pdf import default_workers, render_pdf
 
         n_workers = workers or default_workers()
-        n_chunks = len(plan_chunks(root, 600_000))
         run = render_pdf(root, Path(pdf_path), dirs, workers=n_workers, want_fragments=html_path is not None)
         pdf_pages = run.pages
+        n_chunks = run.chunks
         peak = max(run.worker_peak_rss_mb, default=None)
         fragments = run.fragments
     if html_path is not None:

@@ -40,6 +40,7 @@ PX_TO_PT = 0.75  # WeasyPrint's CSS px -> PDF pt
 FOOTER_BASELINE_PT = 8.5 * 72 / 25.4
 FOOTER_SIZE_PT = 7.0
 FOOTER_GREY = 0.35
+MAX_CHUNK_CHARS = 600_000  # a part above this (the reference book's are ~400k) is cut between chapters
 WORKER_SILENCE_S = 900  # a chunk of the reference book takes ~6 s: this only catches a hung worker
 
 
@@ -60,6 +61,7 @@ class ChunkPlan:
 @dataclass
 class PdfRun:
     pages: int
+    chunks: int
     seconds: float
     worker_peak_rss_mb: list[float]
     chunk_seconds: list[dict[str, float]]
@@ -271,7 +273,7 @@ def render_pdf(
     *,
     workers: int | None = None,
     want_fragments: bool = False,
-    max_chunk_chars: int = 600_000,
+    max_chunk_chars: int = MAX_CHUNK_CHARS,
 ) -> PdfRun:
     from .typeset_html import render_inline, render_markdown
 
@@ -331,6 +333,7 @@ def render_pdf(
         fragments.update(b.get("fragments") or {})
     return PdfRun(
         pages=pages,
+        chunks=len(chunks),
         seconds=time.perf_counter() - t0,
         worker_peak_rss_mb=list(pool.peak_rss.values()),
         chunk_seconds=[{"index": r["index"], "pages": r["pages"], **r["seconds"]} for r in results.values()],
