@@ -126,6 +126,8 @@ def parse_titles(
     avoid: frozenset[str] = frozenset(),
     *,
     strict: bool = True,
+    pool: tuple[str, ...] = (),
+    pool_title: str | None = None,
 ) -> Titles:
     """Parse a planning reply (JSON, numbered, bulleted or plain lines). Raises ValueError when unusable.
 
@@ -133,6 +135,12 @@ def parse_titles(
     the first titles of the result whatever the reply says. A reply that begins with them is judged exactly as
     without them; one that does not (a re-asked reply that changed its mind) contributes its titles that are not
     already fixed, in its order. ``fixed_title`` likewise wins over the reply's book title.
+
+    Strict (every attempt but a node's last): fewer than ``n`` titles, a repeated title, a title that repeats an
+    ancestor in ``avoid`` or the book title, a placeholder ("Section 1") or a rambling title make the reply
+    unusable, so it is asked again. The last attempt keeps the book rather than lose it: it drops repeats, tops
+    the list up from the titles of the node's earlier replies (``pool``, ``pool_title``), prefers strong titles
+    to weak ones, and shortens rambling ones; only too few distinct titles still fail.
     """
     title, items = extract_titles(text)
     if fixed and items[: len(fixed)] != list(fixed):
@@ -140,6 +148,9 @@ def parse_titles(
         items = list(fixed) + [x for x in items if norm(x) not in taken]
     if fixed_title:
         title = fixed_title
+    if not strict:
+        title = _shorten(title) if title else (_shorten(pool_title) if pool_title else None)
+        items = _salvage(items, pool, fixed, avoid | ({norm(title)} if title else set()), n)
     if len(items) < n:
         raise ValueError(f"expected {n} titles, got {len(items)}")
     items = items[:n]
@@ -157,10 +168,26 @@ def parse_titles(
             why = weak_title(x, avoid)
             if why:
                 raise ValueError(why)
-    else:  # the last attempt: keep the book, but never send a rambling title on into its children's prompts
-        items = [_shorten(x) for x in items]
-        title = _shorten(title) if title else title
     return Titles(title, tuple(items))
+
+
+def _salvage(
+    items: list[str], pool: tuple[str, ...], fixed: tuple[str, ...], avoid: frozenset[str], n: int
+) -> list[str]:
+    """Distinct titles for a node's last attempt: fixed ones first, then strong ones, then weak ones if needed."""
+    out = list(fixed)
+    seen = {norm(x) for x in out}
+    candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
+    for allow_weak in (False, True):
+        for x in candidates:
+            k = norm(x)
+            if len(out) >= n:
+                return out
+            if not k or k in seen or (not allow_weak and weak_title(x, avoid)):
+                continue
+            seen.add(k)
+            out.append(x)
+    return out
 
 
 def _shorten(title: str) -> str:
@@ -390,6 +417,8 @@ class _Expansion:
         self.following = False
         self.t_first_child: float | None = None
         self.unusable = 0  # replies of this node that failed validation
+        self.pool: list[str] = []  # every title its replies offered, for the last attempt (see parse_titles)
+        self.pool_title: str | None = None
 
     def new_attempt(self) -> None:
         self.attempts += 1
@@ -481,7 +510,7 @@ class Planner:
         model answers a re-ask with the same reply (a small model repeating a title would fail every attempt),
         so a re-ask must be allowed to differ. Transient errors (connection, 5xx) keep the job's temperature."""
         if exp.unusable:
-            return max(self.s.temperature, RETRY_TEMPERATURE)
+            return max(self.s.temperature, min(1.0, RETRY_TEMPERATURE + 0.1 * (exp.unusable - 1)))
         return self.s.temperature
 
     def _request(self, name: str, n: int, want_title: bool, exp: _Expansion, **values):
@@ -505,12 +534,16 @@ class Planner:
         def validate(reply: Reply) -> Titles:
             # The last attempt accepts weak titles (repeating a parent, placeholders) rather than lose the book.
             strict = exp.attempts < self.s.attempts
+            offered_title, offered = extract_titles(reply.text)
             try:
                 return parse_titles(
-                    reply.text, n, want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict
+                    reply.text, n, want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict,
+                    pool=tuple(exp.pool), pool_title=exp.pool_title,
                 )
             except ValueError:
                 exp.unusable += 1
+                exp.pool.extend(offered)
+                exp.pool_title = exp.pool_title or offered_title
                 raise
 
         return build, validate

@@ -232,3 +232,14 @@ def test_a_rambling_title_is_reasked_not_sent_on():
         parse_titles(orjson.dumps({"items": ["Basics", ramble]}).decode(), 2, False)
     got = parse_titles(orjson.dumps({"items": ["Basics", ramble]}).decode(), 2, False, strict=False)
     assert len(got.items[1]) <= 160 and got.items[0] == "Basics"
+
+
+def test_the_last_attempt_salvages_distinct_titles_from_earlier_replies():
+    from orchestrator.plan import parse_titles
+
+    with pytest.raises(ValueError, match="duplicate"):
+        parse_titles("1. Alpha\n2. Alpha\n3. Beta", 3, False)
+    got = parse_titles("1. Alpha\n2. Alpha\n3. Beta", 3, False, strict=False, pool=("Alpha", "Gamma", "Delta"))
+    assert got.items == ("Alpha", "Beta", "Gamma")
+    with pytest.raises(ValueError, match="expected 3"):
+        parse_titles("1. Alpha\n2. Alpha", 3, False, strict=False, pool=("Alpha",))
