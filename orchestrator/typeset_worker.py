@@ -16,15 +16,36 @@ import struct
 import sys
 import time
 import traceback
+import zlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import pydyf
 from markupsafe import Markup
 from weasyprint import HTML
 from weasyprint.urls import URLFetcher, URLFetcherResponse
 
 from .typeset_html import Node, document_html, render_nodes
+
+# pydyf (WeasyPrint's PDF writer) deflates every stream at zlib level 9. Measured on a 171-page part's content
+# streams: level 9 takes 0.46 s of CPU, level 6 (zlib's default) 0.07 s for 14% more bytes. Level 6 it is.
+ZLIB_LEVEL = 6
+
+
+class _Zlib:
+    """zlib as pydyf sees it: the same module, with compressobj's level capped at ZLIB_LEVEL."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(zlib, name)
+
+    @staticmethod
+    def compressobj(level: int = -1, *args: Any, **kwargs: Any) -> Any:
+        return zlib.compressobj(min(level, ZLIB_LEVEL) if level >= 0 else level, *args, **kwargs)
+
+
+if getattr(pydyf, "zlib", None) is zlib:
+    pydyf.zlib = _Zlib()
 
 # Relative URLs in a template resolve against this; the fetcher maps it onto the template directories and
 # refuses everything else (file:, http(s) anywhere, data:, 127.0.0.1 ...). ".invalid" never resolves.
