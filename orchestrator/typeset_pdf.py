@@ -525,7 +525,8 @@ def _finish(writer, fonts: dict[str, _DigitFont], front: dict[str, Any], bodies:
     from pypdf.annotations import Link
     from pypdf.generic import ArrayObject, DecodedStreamObject, DictionaryObject, Fit, NameObject
 
-    total = len(writer.pages)
+    pages = list(writer.pages)  # indexing writer.pages re-counts the page tree each time
+    total = len(pages)
     starts = []
     acc = 0
     for r in [front, *bodies]:
@@ -550,7 +551,7 @@ def _finish(writer, fonts: dict[str, _DigitFont], front: dict[str, Any], bodies:
 
     # footers: every page but the title page
     for i in range(1, total):
-        box = writer.pages[i].mediabox
+        box = pages[i].mediabox
         label = str(i + 1)
         x = float(box.left) + (float(box.width) - fonts["R"].width(label, FOOTER_SIZE_PT)) / 2
         stamp(i, "R", FOOTER_SIZE_PT, x, float(box.bottom) + FOOTER_BASELINE_PT, label, FOOTER_GREY)
@@ -583,7 +584,7 @@ def _finish(writer, fonts: dict[str, _DigitFont], front: dict[str, Any], bodies:
     end_q_ref = writer._add_object(end_q)
     font_names = {NameObject(f"/HBNum{k}"): f.ref for k, f in fonts.items()}
     for i, ops in stamps.items():
-        page = writer.pages[i]
+        page = pages[i]
         s = DecodedStreamObject()
         s.set_data(("\n".join(ops) + "\n").encode("ascii"))
         contents = page.get("/Contents")
