@@ -101,6 +101,8 @@ def extract_titles(text: str) -> tuple[str | None, list[str]]:
     return title or None, [x for x in items if x]
 
 
+_WORDLIKE = re.compile(r"[^\W\d_]")  # at least one letter
+_DEBRIS = re.compile(r'[{}\[\]"]|\d+(?:\.\d+){3,}')  # JSON fragments, "1.1.1.1" chains
 _PLACEHOLDER = re.compile(
     r"^(?:part|chapter|section|item|title|topic|heading|subtitle|name)(?:\s+(?:\d+(?:\.\d+)*|[ivxlc]+|[a-z]))?$", re.I
 )
@@ -110,6 +112,8 @@ def weak_title(title: str, avoid: frozenset[str]) -> str | None:
     """Why a title is no use as an outline node (it repeats a parent or is a placeholder), or None."""
     if len(title) > MAX_TITLE_CHARS or len(title.split()) > MAX_TITLE_WORDS:
         return f"title too long ({len(title)} characters): {title[:60]!r}..."
+    if not _WORDLIKE.search(title) or _DEBRIS.search(title):
+        return f"not a title: {title[:60]!r}"
     if norm(title) in avoid:
         return f"title {title!r} repeats a parent's title"
     if _PLACEHOLDER.match(title.strip()):

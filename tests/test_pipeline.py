@@ -243,3 +243,12 @@ def test_the_last_attempt_salvages_distinct_titles_from_earlier_replies():
     assert got.items == ("Alpha", "Beta", "Gamma")
     with pytest.raises(ValueError, match="expected 3"):
         parse_titles("1. Alpha\n2. Alpha", 3, False, strict=False, pool=("Alpha",))
+
+
+def test_json_debris_and_number_chains_are_not_titles():
+    from orchestrator.plan import weak_title
+
+    for junk in ("{", 'items": [', "1.1.1.1.1.1", "42"):
+        assert weak_title(junk, frozenset()), junk
+    for ok in ("Testing in CI", "C++ Memory Model", "Über-Architekturen", "OOP"):
+        assert weak_title(ok, frozenset()) is None, ok
