@@ -291,7 +291,8 @@ def plain_text(inline_html: str) -> str:
 # The template
 
 
-def template_env(template_dirs: list[str]) -> jinja2.Environment:
+@lru_cache(maxsize=8)
+def _template_env(template_dirs: tuple[str, ...]) -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(template_dirs),
         autoescape=True,
@@ -299,6 +300,11 @@ def template_env(template_dirs: list[str]) -> jinja2.Environment:
         trim_blocks=False,
         lstrip_blocks=False,
     )
+
+
+def template_env(template_dirs: list[str]) -> jinja2.Environment:
+    """One Environment per list of directories (a worker lays out several chunks with the same templates)."""
+    return _template_env(tuple(template_dirs))
 
 
 def read_css(template_dirs: list[str]) -> str:
