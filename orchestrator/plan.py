@@ -51,12 +51,16 @@ _TITLE_LINE = re.compile(r"^\s*(?:\*\*)?(?:book\s+)?title(?:\*\*)?\s*[:\-–]\s*
 _PREFIX = re.compile(r"^(?:part|chapter|section)\s+[\dIVXLC]+\s*[:.\-–]\s*", re.IGNORECASE)
 
 
+_LEADING_NUMBER = re.compile(r"^(?:\d+[.)]\s+)+")
+
+
 def clean_title(t: str) -> str:
     t = t.strip()
     t = re.sub(r"^#+\s*", "", t)
     t = t.strip("*_` ").strip()
     t = t.strip("\"'“”‘’").strip()
     t = _PREFIX.sub("", t).strip()
+    t = _LEADING_NUMBER.sub("", t).strip()  # "1. Basics" inside a JSON string: the list's numbering, not the title
     t = t.rstrip(":").strip()
     return " ".join(t.split())
 
