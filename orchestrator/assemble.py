@@ -89,6 +89,25 @@ def demote_headings(text: str, below: int = 4, drop_title: str | None = None) ->
     return "\n".join(lines).strip()
 
 
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def close_fences(text: str) -> str:
+    """Close a code fence left open at the end of a section (a reply cut at the token cap), so the book's later
+    headings are not swallowed into code by whatever renders book.md."""
+    open_fence: str | None = None
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if not m:
+            continue
+        mark = m.group(1)
+        if open_fence is None:
+            open_fence = mark
+        elif mark[0] == open_fence[0] and len(mark) >= len(open_fence) and not line.strip()[len(mark):].strip():
+            open_fence = None
+    return text if open_fence is None else text.rstrip("\n") + "\n" + open_fence
+
+
 def assemble(outline: Outline, sections: dict[str, SectionText]) -> Book:
     """Place every section under its part and chapter, in outline order. A failed section is marked visibly."""
     out: list[str] = [f"# {outline.title}", ""]
@@ -108,5 +127,5 @@ def assemble(outline: Outline, sections: dict[str, SectionText]) -> Book:
                 if s.failed:
                     out += [f"> **This section is missing**: {s.error}", ""]
                 elif s.text.strip():
-                    out += [demote_headings(s.text, drop_title=title), ""]
+                    out += [close_fences(demote_headings(s.text, drop_title=title)), ""]
     return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")

@@ -485,10 +485,8 @@ def _write_outputs(out_dir: Path, book: Book, outline: Outline) -> dict[str, Pat
 
 
 def _write_defects(out_dir: Path, book: Book, paths: dict[str, Path]) -> dict[str, Any] | None:
-    try:
-        from .defects import find_defects
-    except ImportError:  # pragma: no cover - defects land with the typesetting issue
-        return None
+    from .defects import find_defects
+
     d = find_defects(book)
     data = d.to_json()
     (out_dir / "defects.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
