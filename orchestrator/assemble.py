@@ -72,7 +72,8 @@ def demote_headings(text: str, below: int = 4, drop_title: str | None = None) ->
     edits: list[tuple[int, int, str | None]] = []
     first_block = True
     for i, tok in enumerate(tokens):
-        if tok.level != 0 or tok.map is None or not tok.type.endswith("_open") and tok.type not in ("fence", "code_block", "hr", "html_block"):
+        is_block = tok.type.endswith("_open") or tok.type in ("fence", "code_block", "hr", "html_block")
+        if tok.level != 0 or tok.map is None or not is_block:
             continue
         if tok.type == "heading_open":
             level = int(tok.tag[1])

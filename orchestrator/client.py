@@ -43,7 +43,6 @@ class Reply:
 # is still the client for everything else: model discovery and validation (``discover``).
 # --------------------------------------------------------------------------------------------------------------
 
-import asyncio  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -131,7 +130,7 @@ class BackendClient:
                 f"{self.url}/models", timeout=aiohttp.ClientTimeout(total=self._connect_timeout)
             ) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     def body(
@@ -183,7 +182,7 @@ class BackendClient:
             return self._fail(t0, attempt, f"connection failed: {_short(e.os_error or e)}", parts, state, health=True)
         except (aiohttp.ClientError, OSError) as e:
             return self._fail(t0, attempt, f"connection error: {_short(e)}", parts, state, health=True)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._fail(t0, attempt, "timed out connecting", parts, state, health=True)
         except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
             return self._fail(t0, attempt, f"malformed stream: {_short(e)}", parts, state, health=True)
@@ -358,7 +357,9 @@ async def discover(backend: Backend, api_key: str | None, wanted: str | None, ti
         page = await client.models.list()
         ids = [m.id for m in page.data if getattr(m, "id", None)]
     except openai.AuthenticationError:
-        raise BackendError(f"{backend.url} refused the API key (HTTP 401); pass --api-key or set OPENAI_API_KEY") from None
+        raise BackendError(
+            f"{backend.url} refused the API key (HTTP 401); pass --api-key or set OPENAI_API_KEY"
+        ) from None
     except openai.PermissionDeniedError:
         raise BackendError(f"{backend.url} refused the API key (HTTP 403)") from None
     except openai.APITimeoutError:

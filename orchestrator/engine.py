@@ -108,7 +108,9 @@ def _mkdir(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"cannot create {path}: {e.strerror or e} (set HANDBOOK_CACHE to a writable folder)") from None
+        raise ConfigError(
+            f"cannot create {path}: {e.strerror or e} (set HANDBOOK_CACHE to a writable folder)"
+        ) from None
     return path
 
 

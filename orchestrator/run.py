@@ -6,8 +6,8 @@ import logging
 import math
 import os
 import resource
-import sys
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence

@@ -62,7 +62,9 @@ def template_dir() -> Path:
     for candidate in (here / "templates", here.parent / "templates"):
         if (candidate / "book.html.j2").is_file():
             return candidate
-    raise ConfigError(f"the book templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})")
+    raise ConfigError(
+        f"the book templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})"
+    )
 
 
 def _template_dirs(templates: str | Path | None) -> list[str]:

@@ -357,7 +357,9 @@ def _font_file(pattern: str) -> Path | None:
     exe = shutil.which("fc-match")
     if exe:
         try:
-            p = subprocess.run([exe, "-f", "%{file}", pattern], capture_output=True, text=True, timeout=5, check=False).stdout
+            p = subprocess.run(
+                [exe, "-f", "%{file}", pattern], capture_output=True, text=True, timeout=5, check=False
+            ).stdout
             if p and Path(p).is_file() and p.lower().endswith((".ttf", ".otf")):
                 return Path(p)
         except (OSError, subprocess.SubprocessError):

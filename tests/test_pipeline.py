@@ -189,8 +189,9 @@ def test_children_start_while_the_parent_reply_still_streams(json_schema):
 
 def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path):
     """At temperature 0 a re-ask gets the same reply; a model that repeats titles would fail every attempt."""
-    from orchestrator import Settings, generate
     from fake_openai import FakeServer
+
+    from orchestrator import Settings, generate
 
     seen: list[float] = []
     with FakeServer("repeats") as srv:

@@ -14,6 +14,7 @@ as long as the process keeps up; when it does not, the slip is recorded in ``lat
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
 import traceback
@@ -214,12 +215,7 @@ class Engine:
         return prefill
 
     def _observe_ttft(self, seconds: float) -> None:
-        i = 0
-        for i, b in enumerate(TTFT_BUCKETS):
-            if seconds <= b:
-                break
-        else:
-            i = len(TTFT_BUCKETS)
+        i = bisect.bisect_left(TTFT_BUCKETS, seconds)  # the first bucket with seconds <= bound, else +Inf
         self.ttft_counts[i] += 1
         self.ttft_sum += seconds
         self.ttft_n += 1

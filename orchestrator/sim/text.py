@@ -1,4 +1,4 @@
-"""Deterministic text for the simulator: "temperature 0" answers built from word 
+"""Deterministic text for the simulator: "temperature 0" answers built from word
 
 An answer depends only on the request (model, messages, max_tokens, response_format): its hash seeds a
 ``random.Random``. Three kinds of answer:
@@ -625,7 +625,8 @@ TEAMS = ["a small startup team", "a platform team", "an open source project", "a
 
 SENTENCES = [
     "{S} matters because it turns vague intentions into decisions that the whole team can see and review.",
-    "At its core, {c} is about managing change: the code you write today will be read many more times than it is written.",
+    "At its core, {c} is about managing change: "
+    "the code you write today will be read many more times than it is written.",
     "Teams that invest in {s} early usually report {b}.",
     "The most common failure mode is {r}, which tends to appear only after the system has grown.",
     "A useful rule of thumb is to start with {p} and relax it only when you can measure the cost.",
