@@ -20,7 +20,6 @@ import os
 import pickle
 import queue
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 from .errors import HandbookError
 from .typeset_html import Node, plain_text, render_inline
+from .typeset_ipc import frame, read_frame
 
 PX_TO_PT = 0.75  # WeasyPrint's CSS px -> PDF pt
 
@@ -116,19 +116,13 @@ class _Worker:
     def send(self, job: dict[str, Any]) -> None:
         self.job = job["index"]
         data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.write(struct.pack("<Q", len(data)) + data)
+        self.proc.stdin.write(frame(data))
         self.proc.stdin.flush()
 
     def _read(self) -> None:
         out = self.proc.stdout
         try:
-            while True:
-                head = _read_exact(out, 8)
-                if head is None:
-                    break
-                body = _read_exact(out, struct.unpack("<Q", head)[0])
-                if body is None:
-                    break
+            while (body := read_frame(out)) is not None:
                 self._events.put((self.wid, pickle.loads(body)))
         finally:
             self._events.put((self.wid, None))  # the worker is gone
@@ -150,16 +144,6 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-
-
-def _read_exact(stream, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = stream.read(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
 
 
 class _Pool:

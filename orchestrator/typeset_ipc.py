@@ -1,0 +1,29 @@
+"""The typesetter's pipe protocol, shared by the parent (typeset_pdf) and its workers (typeset_worker): each
+message is an 8-byte little-endian length and that many bytes. Kept apart so the parent never imports the
+worker's WeasyPrint."""
+
+from __future__ import annotations
+
+import struct
+
+
+def frame(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def read_exact(stream, n: int) -> bytes | None:
+    """Exactly n bytes from a blocking binary stream, or None at end of stream."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def read_frame(stream) -> bytes | None:
+    head = read_exact(stream, 8)
+    if head is None:
+        return None
+    return read_exact(stream, struct.unpack("<Q", head)[0])
