@@ -264,17 +264,7 @@ class BackendClient:
             return self._fail(t0, attempt, "stream ended without a finish reason", parts, state, health=True)
         if not text.strip():
             return self._fail(t0, attempt, "empty answer", parts, state)
-        return Reply(
-            text=text,
-            finish_reason=state["finish"],
-            prompt_tokens=state["pt"],
-            completion_tokens=state["ct"],
-            backend=self.url,
-            t_start=t0,
-            t_first=state["first"],
-            t_end=time.monotonic(),
-            attempt=attempt,
-        )
+        return self._reply(t0, attempt, text, state)
 
     def _http_error(self, resp: aiohttp.ClientResponse, text: str, t0, attempt, parts, state) -> Reply:
         status = resp.status
@@ -294,8 +284,15 @@ class BackendClient:
     def _fail(
         self, t0, attempt, error, parts, state, *, status=None, health=False, retryable=True, retry_after=None
     ) -> Reply:
+        return self._reply(
+            t0, attempt, "".join(parts), state,
+            error=error, status=status, retryable=retryable, retry_after=retry_after, health=health,
+        )
+
+    def _reply(self, t0: float, attempt: int, text: str, state: dict[str, Any], **outcome: Any) -> Reply:
+        """One Reply from an attempt's stream state; ``outcome`` carries the error fields of a failure."""
         return Reply(
-            text="".join(parts),
+            text=text,
             finish_reason=state["finish"],
             prompt_tokens=state["pt"],
             completion_tokens=state["ct"],
@@ -303,12 +300,8 @@ class BackendClient:
             t_start=t0,
             t_first=state["first"],
             t_end=time.monotonic(),
-            error=error,
-            status=status,
-            retryable=retryable,
-            retry_after=retry_after,
-            health=health,
             attempt=attempt,
+            **outcome,
         )
 
 

@@ -25,7 +25,7 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_ex
 
 from .client import BackendClient, Reply
 from .errors import BackendError
-from .events import BackendState, NodeFailed, NodeStarted
+from .events import BackendState, Delta, NodeFailed, NodeStarted
 
 T = TypeVar("T")
 
@@ -266,7 +266,6 @@ class Dispatcher:
                 on_delta = caller_delta
                 if self.wants_deltas:
                     emit = self.emit
-                    from .events import Delta
 
                     def on_delta(text: str, _p=path, _c=caller_delta) -> None:
                         emit(Delta(_p, text, time.monotonic()))
