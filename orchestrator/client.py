@@ -54,6 +54,13 @@ import orjson  # noqa: E402
 from .config import Backend  # noqa: E402
 from .errors import BackendError, ConfigError  # noqa: E402
 
+# Only these finish reasons are answers: "stop" (the model ended) and "length" (the token cap; a truncated but
+# real answer). vLLM and SGLang also send "abort"; servers send "error" and "content_filter".
+ANSWERS = frozenset({"stop", "length"})
+# Other servers' names for the same two (TGI's native "eos_token" and "stop_sequence", "max_tokens").
+FINISH_SYNONYMS = {"eos_token": "stop", "eos": "stop", "stop_sequence": "stop", "end_turn": "stop",
+                   "max_tokens": "length", "max_length": "length"}
+
 _DATA = b"data:"
 _DONE = b"[DONE]"
 
@@ -260,8 +267,15 @@ class BackendClient:
                 # The body ended without [DONE]: a cut stream unless we already have a finish reason.
                 return self._fail(t0, attempt, "stream cut before it finished", parts, state, health=True)
         text = "".join(parts)
-        if state["finish"] is None:
-            return self._fail(t0, attempt, "stream ended without a finish reason", parts, state, health=True)
+        finish = state["finish"]
+        if finish is None:
+            return self._fail(t0, attempt, "stream cut: it ended without a finish reason", parts, state, health=True)
+        finish = state["finish"] = FINISH_SYNONYMS.get(finish, finish)
+        if finish not in ANSWERS:
+            # "abort" (the server dropped the request: shutdown, preemption), "error", "content_filter", or
+            # anything unknown: the text is partial or withheld, so the attempt failed and is retried.
+            return self._fail(t0, attempt, f"finish_reason {finish!r}: the answer is partial", parts, state,
+                              health=finish in ("abort", "error"))
         if not text.strip():
             return self._fail(t0, attempt, "empty answer", parts, state)
         return self._reply(t0, attempt, text, state)

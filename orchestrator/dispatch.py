@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import anyio
+import orjson
 from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_exponential_jitter
 
 from .client import BackendClient, Reply
@@ -280,6 +282,7 @@ class Dispatcher:
                     and reply.status == 400
                     and "response_format" in body
                     and client.json_schema_ok is not True
+                    and rejects_structured_output(reply.error)
                 ):
                     # The server rejects structured output: remember, and ask again in text at once.
                     client.json_schema_ok = False
@@ -287,7 +290,9 @@ class Dispatcher:
                     self.requests += 1
                     self.replies.append((kind, reply))
                     reply = await client.chat(body, attempt=n, on_delta=on_delta)
-                elif reply.ok and "response_format" in body:
+                elif reply.ok and "response_format" in body and _is_json(reply.text):
+                    # Only a reply that really is JSON proves the server honours the schema (some accept the
+                    # field and ignore it).
                     client.json_schema_ok = True
                 self.fleet.report(client, reply)
             value = None
@@ -312,6 +317,31 @@ class Dispatcher:
         )
         reply, value = await retrying(attempt)
         return Outcome(reply, value if reply.ok else None, counter["n"])
+
+
+_STRUCTURED = re.compile(
+    r"response_format|json_schema|json schema|structured output|guided|grammar|xgrammar|outlines|schema",
+    re.IGNORECASE,
+)
+_NOT_ABOUT_FORMAT = re.compile(
+    r"context length|context window|maximum context|too long|too many tokens|max_tokens|prompt is too long",
+    re.IGNORECASE,
+)
+
+
+def rejects_structured_output(error: str | None) -> bool:
+    """Does a 400's message say the server cannot do ``response_format``? A 400 about something else (the
+    context length, say) must not switch structured output off for the whole run."""
+    msg = error or ""
+    return bool(_STRUCTURED.search(msg)) and not _NOT_ABOUT_FORMAT.search(msg)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        orjson.loads(text.strip())
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _unusable(reply: Reply, why: str) -> Reply:

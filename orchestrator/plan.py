@@ -20,10 +20,12 @@ that started a child is *committed* and is in the final outline whatever happens
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import orjson
@@ -46,10 +48,23 @@ class Titles:
     items: tuple[str, ...]
 
 
-_NUMBERED = re.compile(r"^\s*(?:\d+[.)]|[-*•+]|\(\d+\))\s+(.*\S)\s*$")
+# A list line: its indent, its marker ("1." / "1)" / "(1)" or a bullet) and its text.
+_LIST_LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>\d+[.)]|\(\d+\)|[-*•+])\s+(?P<text>.*\S)\s*$")
 _TITLE_LINE = re.compile(r"^\s*(?:\*\*)?(?:book\s+)?title(?:\*\*)?\s*[:\-–]\s*(.+?)\s*$", re.IGNORECASE)
-_PREFIX = re.compile(r"^(?:part|chapter|section)\s+[\dIVXLC]+\s*[:.\-–]\s*", re.IGNORECASE)
-
+_COUNT_WORDS = ("one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+                "sixteen|seventeen|eighteen|nineteen|twenty")
+_PREFIX = re.compile(
+    rf"^(?:part|chapter|section)\s+(?:[\dIVXLC]+|{_COUNT_WORDS})\s*(?:[:.\-–—]\s*|\s+(?=\S))", re.IGNORECASE
+)
+# "**Alpha**: the basics" / "**Alpha** - the basics": the bold words are the title, the rest describes it.
+_BOLD_LEAD = re.compile(r"^(\*\*|__)(?P<title>[^*_].*?)\1\s*(?:[:\-–—]\s*(?P<rest>.*))?$")
+# Lines around a list that are the model talking, not titles ("Here are 4 titles:", "Let me know ...").
+_CHATTER = re.compile(
+    r"^(?:here(?:'s| is| are)|sure\b|certainly|of course|absolutely|okay\b|ok\b|below (?:is|are)|the following|"
+    r"these (?:are|titles|sections|chapters|parts)|i hope|i've|i have|hope this|let me|feel free|note\b|"
+    r"please\b|if you|would you|do you|this (?:list|outline|structure)|each (?:section|chapter|part))",
+    re.IGNORECASE,
+)
 
 _LEADING_NUMBER = re.compile(r"^(?:\d+[.)]\s+)+")
 
@@ -57,10 +72,14 @@ _LEADING_NUMBER = re.compile(r"^(?:\d+[.)]\s+)+")
 def clean_title(t: str) -> str:
     t = t.strip()
     t = re.sub(r"^#+\s*", "", t)
+    m = _BOLD_LEAD.match(t)
+    if m:
+        t = m.group("title")
     t = t.strip("*_` ").strip()
     t = t.strip("\"'“”‘’").strip()
     t = _PREFIX.sub("", t).strip()
     t = _LEADING_NUMBER.sub("", t).strip()  # "1. Basics" inside a JSON string: the list's numbering, not the title
+    t = t.strip("\"'“”‘’*_ ").strip()
     t = t.rstrip(":").strip()
     return " ".join(t.split())
 
@@ -69,40 +88,143 @@ def norm(t: str) -> str:
     return re.sub(r"[^\w]+", " ", t.lower()).strip()
 
 
+def _indent(s: str) -> int:
+    return len(s.expandtabs(4))
+
+
+def _marker_kind(marker: str) -> str:
+    return "bullet" if marker in "-*•+" else "number"
+
+
+def _is_chatter(line: str) -> bool:
+    """A line of the model talking: a lead-in ending in ':', a conversational opener, or a whole sentence."""
+    s = line.strip().strip("*_").strip()
+    if not s:
+        return True
+    if s.endswith(":") or _CHATTER.match(s):
+        return True
+    return s[-1] in ".!?" and len(s.split()) >= 8
+
+
+_FENCE = re.compile(r"```[a-zA-Z]*\s*\n(.*?)```", re.DOTALL)
+
+
+def _find_json(text: str) -> Any:
+    """The list-shaped JSON value a reply holds: a fenced block's, else the first JSON object or array that
+    parses where it starts (prose around it is ignored). orjson has no incremental decoder, so this uses the
+    standard library's ``raw_decode``, which parses a value and tells where it ended."""
+    candidates = [m.group(1).strip() for m in _FENCE.finditer(text)]
+    decoder = json.JSONDecoder()
+    for block in [*candidates, text]:
+        tries = 0
+        for m in re.finditer(r"[\[{]", block):
+            tries += 1
+            if tries > 20:
+                break
+            try:
+                data, _ = decoder.raw_decode(block, m.start())
+            except ValueError:
+                continue
+            if _list_of_titles(data) is not None:
+                return data
+    return None
+
+
+def _list_of_titles(data: Any) -> list[str] | None:
+    """The titles in a JSON value: an object's "items" (or its first list), or a bare list; items may be
+    strings or objects with a "title"/"name"."""
+    raw = None
+    if isinstance(data, dict):
+        raw = data.get("items")
+        if not isinstance(raw, list):
+            raw = next((v for v in data.values() if isinstance(v, list)), None)
+    elif isinstance(data, list):
+        raw = data
+    if raw is None:
+        return None
+    out = []
+    for x in raw:
+        if isinstance(x, dict):
+            x = next((x[k] for k in ("title", "name", "heading") if isinstance(x.get(k), str)), None)
+        if isinstance(x, str | int | float) and not isinstance(x, bool):
+            out.append(str(x))
+    return out if out else None
+
+
+def _top_list(lines: list[str]) -> list[str]:
+    """The titles of a text reply's list: the lines at the outermost indent. Where numbered lines and bullets
+    mix at that indent, a bullet is a title only where it fills a gap in the numbering ("1.", "2.", "- x", "4.");
+    bullets between consecutive numbers are notes under the numbered titles, not titles."""
+    found = [(m, _indent(m.group("indent"))) for ln in lines if (m := _LIST_LINE.match(ln))]
+    if not found:
+        return []
+    top = min(ind for _, ind in found)
+    level = [m for m, ind in found if ind == top]
+    numbers = [_number(m.group("marker")) for m in level]
+    if all(k is None for k in numbers) or all(k is not None for k in numbers):
+        return [m.group("text") for m in level]
+    out: list[str] = []
+    expected = 1
+    for i, (m, k) in enumerate(zip(level, numbers, strict=True)):
+        if k is not None:
+            out.append(m.group("text"))
+            expected = k + 1
+            continue
+        after = next((x for x in numbers[i + 1:] if x is not None), None)
+        if after is None or after > expected:  # the bullet stands where a number is missing
+            out.append(m.group("text"))
+            expected += 1
+    return out
+
+
+def _number(marker: str) -> int | None:
+    digits = marker.strip("().")
+    return int(digits) if digits.isdigit() else None
+
+
 def extract_titles(text: str) -> tuple[str | None, list[str]]:
     """Every (cleaned, non-empty) title a planning reply holds, untrimmed, and its book title if it names one.
-    JSON (an object with "items" or another list, or a bare list), else numbered or bulleted lines, else lines."""
+
+    JSON anywhere in the reply (fenced or inside prose; an object with "items" or another list, or a bare list),
+    else the outermost numbered or bulleted list, else the lines that are not the model talking. Prose around a
+    list is never taken as titles."""
     title: str | None = None
     items: list[str] = []
     stripped = text.strip()
-    data = None
-    m = re.search(r"[\[{]", stripped)
-    if m:
-        candidate = stripped[m.start():]
-        candidate = re.sub(r"```\s*$", "", candidate).strip()
-        try:
-            data = orjson.loads(candidate)
-        except orjson.JSONDecodeError:
-            data = None
-    if isinstance(data, dict):
-        raw = data.get("items") or next((v for v in data.values() if isinstance(v, list)), [])
-        items = [clean_title(str(x)) for x in raw if isinstance(x, str | int | float)]
-        if isinstance(data.get("title"), str):
+    data = _find_json(stripped)
+    if data is not None:
+        items = [clean_title(x) for x in _list_of_titles(data) or []]
+        if isinstance(data, dict) and isinstance(data.get("title"), str):
             title = clean_title(data["title"])
-    elif isinstance(data, list):
-        items = [clean_title(str(x)) for x in data if isinstance(x, str)]
     else:
         lines = [ln for ln in stripped.splitlines() if ln.strip() and not ln.strip().startswith("```")]
-        numbered = [m.group(1) for ln in lines if (m := _NUMBERED.match(ln))]
         for ln in lines:
             tm = _TITLE_LINE.match(ln)
             if tm and title is None:
                 title = clean_title(tm.group(1))
-        if numbered:
-            items = [clean_title(x) for x in numbered]
+        body = [ln for ln in lines if not _TITLE_LINE.match(ln)]
+        listed = _top_list(body)
+        if listed:
+            items = [clean_title(x) for x in listed]
         else:
-            items = [clean_title(ln) for ln in lines if not _TITLE_LINE.match(ln)]
+            items = [clean_title(ln) for ln in body if not _is_chatter(ln)]
     return title or None, [x for x in items if x]
+
+
+def book_title_from_prompt(prompt: str) -> str:
+    """A book title made from the request, for a reply that names none ("Write me a complete software
+    engineering handbook. Every topic..." -> "Software Engineering Handbook")."""
+    first = re.split(r"(?<=[.!?])\s", prompt.strip(), maxsplit=1)[0].strip().rstrip(".!?")
+    t = re.sub(
+        r"^(?:please\s+)?(?:write|create|make|generate|produce|draft|compose|give)\s+(?:me\s+|us\s+)?"
+        r"(?:a|an|the)?\s*(?:(?:complete|comprehensive|full|thorough|detailed|long|short|small|whole)\s+)*",
+        "", first, flags=re.IGNORECASE,
+    ).strip()
+    t = t or first or "Handbook"
+    words = t.split()[:12]
+    small = {"a", "an", "the", "and", "or", "of", "for", "in", "on", "to", "with", "about"}
+    return " ".join(w if (i and w.lower() in small) or not w.islower() else w.capitalize()
+                    for i, w in enumerate(words))
 
 
 _WORDLIKE = re.compile(r"[^\W\d_]")  # at least one letter
@@ -168,8 +290,7 @@ def parse_titles(
         if k in seen:
             raise ValueError(f"duplicate title {x!r}")
         seen.add(k)
-    if want_title and not title:
-        raise ValueError("no book title")
+    # A reply without a book title is not a failure: the planner falls back to one made from the prompt.
     if strict:
         avoid = avoid | ({norm(title)} if title else set())
         for x in items[len(fixed):]:
@@ -219,7 +340,8 @@ class TitleStream:
     "1. A"). Anything else sets ``stalled``: no more titles from this reply until it is complete.
     """
 
-    __slots__ = ("_key", "_line_start", "_stack", "_want_key", "buf", "i", "items", "mode", "stalled", "title")
+    __slots__ = ("_key", "_level", "_line_start", "_stack", "_want_key", "buf", "i", "items", "mode", "stalled",
+                 "title")
 
     def __init__(self) -> None:
         self.buf = ""
@@ -232,6 +354,7 @@ class TitleStream:
         self._key: list[str | None] = []  # per container: the key whose value comes next (objects)
         self._want_key: list[bool] = []  # per container: an object expects a key (not a value) next
         self._line_start = 0
+        self._level: tuple[int, str] | None = None  # text mode: (indent, marker kind) of the list's lines
 
     def feed(self, text: str) -> None:
         if self.stalled:
@@ -271,13 +394,21 @@ class TitleStream:
                 if self.title is None:
                     self.title = clean_title(tm.group(1)) or None
                 continue
-            m = _NUMBERED.match(line)
+            m = _LIST_LINE.match(line)
             if m:
-                t = clean_title(m.group(1))
+                indent, kind = _indent(m.group("indent")), _marker_kind(m.group("marker"))
+                if self._level is None:
+                    self._level = (indent, kind)  # the first list line sets the list's indent and marker
+                if indent > self._level[0]:
+                    continue  # a sub-bullet under a title: not a title
+                if (indent, kind) != self._level:
+                    self.stalled = True  # a list of another shape: leave it to the final parse
+                    return
+                t = clean_title(m.group("text"))
                 if t:
                     self.items.append(t)
             elif self.items:
-                # prose after the list: the final parse still takes the numbered lines; nothing more to start
+                # prose after the list: the final parse still takes the list; nothing more to start
                 self.stalled = True
                 return
 
@@ -411,8 +542,10 @@ class _Expansion:
         want_title: bool,
         start_child: Callable[[int, str, str | None], None] | None,
         avoid: frozenset[str] = frozenset(),
+        on_commit: Callable[[str | None, list[str]], None] | None = None,
     ):
         self.n = n
+        self.on_commit = on_commit  # (book title, committed titles) -> None: journals them before the child starts
         self.avoid = avoid  # normalised ancestor titles: a child repeating one is not started (see parse_titles)
         self.attempts = 0
         self.want_title = want_title
@@ -473,6 +606,8 @@ class _Expansion:
             self.committed.append(t)
             self.norms.add(k)
             self.matched += 1
+            if self.on_commit is not None:
+                self.on_commit(self.title, self.committed)
             if self.t_first_child is None:
                 self.t_first_child = time.monotonic()
             assert self.start_child is not None
@@ -480,12 +615,22 @@ class _Expansion:
         if s.stalled:
             self.following = False
 
+    def restore(self, title: str | None, items: tuple[str, ...]) -> None:
+        """Take the titles an earlier run committed for this node: they are final (their children exist)."""
+        self.title = title
+        self.committed = list(items[: self.n])
+        self.norms = {norm(t) for t in self.committed}
+
     def retry_note(self) -> str:
         if not self.committed:
             return ""
         keep = "; ".join(f"{i}. {t}" for i, t in enumerate(self.committed, 1))
         book = f' Keep the book title "{self.title}".' if self.title else ""
         return f"Keep these first {len(self.committed)} titles unchanged, in this order: {keep}.{book}"
+
+
+def _keep(titles: Titles) -> dict[str, Any]:
+    return {"title": titles.title, "items": list(titles.items)}
 
 
 def _accepts(fn: Callable, name: str) -> bool:
@@ -500,9 +645,15 @@ SectionCallback = Callable[[str, str, str, str, int, str], None]
 
 
 class Planner:
-    def __init__(self, dispatcher: Dispatcher, prompt: str, settings, emit, templates: str | None = None):
+    """``journal`` (optional): where titles committed while a reply streams are recorded, and where a rerun finds
+    them, so a node re-planned after a kill keeps the titles whose children (sections) already exist."""
+
+    def __init__(self, dispatcher: Dispatcher, prompt: str, settings, emit, templates: str | None = None,
+                 journal: Any = None):
         self.d = dispatcher
+        self.journal = journal
         self.prompt = prompt
+        self.fallback_title = book_title_from_prompt(prompt)
         self.s = settings
         self.emit = emit
         self.templates = templates
@@ -526,11 +677,11 @@ class Planner:
             exp.new_attempt()  # called at the start of every attempt: the stream parser starts afresh
             use_json = client.json_schema_ok is not False
             note = ""
+            keep = exp.retry_note()
             if attempt > 1:
                 note = f"Give exactly {n} distinct titles."
-                keep = exp.retry_note()
-                if keep:
-                    note += " " + keep
+            if keep:  # a re-ask, or a rerun resuming a node whose first titles were committed before a kill
+                note = f"{note} {keep}".strip()
             text = render(name, self.templates, json=use_json, n=n, retry_note=note, **values)
             return client.body(
                 [{"role": "user", "content": text}],
@@ -569,11 +720,35 @@ class Planner:
     ) -> tuple[Titles, int]:
         """Plan one node. Returns its titles and how many children were already started from its stream."""
         ancestors = [values.get(k) for k in ("book", "part", "chapter")]
-        exp = _Expansion(n, want_title, start_child, frozenset(norm(a) for a in ancestors if a))
+        on_commit = None
+        if self.journal is not None:
+            def on_commit(book_title: str | None, items: list[str]) -> None:
+                self.journal.commit_titles(path, label, book_title, items)
+        exp = _Expansion(n, want_title, start_child, frozenset(norm(a) for a in ancestors if a), on_commit)
         build, validate = self._request(name, n, want_title, exp, **values)
         self.level_requests[len(path.split(".")) if path else 0] += 1
         kw = {"on_delta": exp.on_delta} if start_child is not None and self._streams else {}
-        out = await self.d.run(path, kind, label, build, validate, priority=(0, 0), **kw)
+        restored = None
+        if self.journal is not None and self.journal.get(path, kind, label) is None:
+            restored = self.journal.committed(path, label)
+        if restored is not None and restored.items:
+            # An earlier run committed these titles and started their children before it stopped: keep them
+            # (the sections written for them are in the journal under these very titles) and start them now.
+            exp.restore(restored.title, restored.items)
+            if start_child is not None:
+                for i, t in enumerate(exp.committed):
+                    start_child(i, t, exp.title)
+
+        def restore(stored) -> Titles | None:
+            value = stored.value
+            if isinstance(value, dict) and isinstance(value.get("items"), list) and len(value["items"]) == n:
+                return Titles(value.get("title"), tuple(str(x) for x in value["items"]))
+            return validate(stored.reply()) if value is None else None  # a schema-1 journal: parse the reply
+
+        out = await self.d.run(
+            path, kind, label, build, validate, priority=(0, 0),
+            **kw, **({"restore": restore, "keep": _keep} if self.journal is not None else {}),
+        )
         if out.value is None:
             short = label if len(label) <= 80 else label[:77] + "..."
             where = f"node {path!r} ({kind} {short!r})" if path else "the book node"
@@ -661,19 +836,19 @@ class Planner:
                 def start_part(pi: int, title: str, book: str | None) -> None:
                     parts[pi] = title
                     if "title" not in book_box:
-                        book_box["title"] = book or self.prompt
+                        book_box["title"] = book or self.fallback_title
                     tg.start_soon(plan_part, pi, tg)
 
                 root, started = await self._node(
                     "", "book", self.prompt, "book", s.parts, True, start_part, request=self.prompt
                 )
-                book_box.setdefault("title", root.title or self.prompt)
+                book_box.setdefault("title", root.title or self.fallback_title)
                 for pi in range(started, len(root.items)):
                     start_part(pi, root.items[pi], root.title)
                 self.emit(LevelPlanned(1, len(root.items), time.monotonic()))
         else:
             root, _ = await self._node("", "book", self.prompt, "book", s.parts, True, request=self.prompt)
-            book_box["title"] = root.title or self.prompt
+            book_box["title"] = root.title or self.fallback_title
             for pi, t in enumerate(root.items):
                 parts[pi] = t
             self.emit(LevelPlanned(1, len(parts), time.monotonic()))

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 import orjson
 
-from .assemble import Book, SectionText, assemble
-from .client import BackendClient, discover
+from .assemble import Book, SectionText, assemble, normalise_title
+from .client import BackendClient, Reply, discover
 from .config import Backend, Settings, slugify
 from .dispatch import Dispatcher, Fleet
 from .errors import BackendError, ConfigError, HandbookError, Interrupted, unwrap
@@ -238,7 +238,7 @@ class _Job:
         self.stop = _Stop()
 
     async def run(self, backends: list[Backend]) -> Result:
-        from .metrics import MetricsSampler, server_counted
+        from .metrics import MetricsSampler
 
         settings, bus, journal = self.settings, self.bus, self.journal
         usable = await _discover_all(backends, settings)
@@ -259,41 +259,39 @@ class _Job:
             fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
             dispatcher = Resuming(Dispatcher(fleet, bus, settings.attempts, bus.wants_deltas), journal)
             sampler = MetricsSampler(urls, interval=settings.metrics_interval_s, on_sample=bus)
-            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates)
+            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, journal=journal)
 
             async def write_section(ref: SectionRef, order: int) -> None:
                 nonlocal resumed_sections
-                stored = journal.get(ref.path, "section")
-                if stored is not None and stored.title == ref.title:  # finished by an earlier run
-                    resumed_sections += 1
-                    r = stored.reply()
-                    sections[ref.path] = SectionText(ref.path, ref.part, ref.chapter, ref.title, r.text,
-                                                     r.finish_reason, r.completion_tokens, r.backend or None)
-                    bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
-                    return
-                if write_window["start"] is None:
-                    write_window["start"] = time.monotonic()
                 text = render(
                     "section", settings.templates, book=ref.book, part=ref.part, chapter=ref.chapter,
                     section=ref.title, words=settings.words,
                 )
 
                 def build(client: BackendClient, attempt: int) -> dict:
+                    if write_window["start"] is None:  # the first section request actually sent
+                        write_window["start"] = time.monotonic()
                     return client.body(
                         [{"role": "user", "content": text}], max_tokens=settings.max_tokens,
                         temperature=settings.temperature,
                     )
 
-                outcome = await dispatcher.run(ref.path, "section", ref.title, build, priority=(1, order))
+                # One lookup decides resuming: the journal answers this section only if it was written for this
+                # very title (Resuming); anything else is asked again.
+                outcome = await dispatcher.run(ref.path, "section", ref.title, build, section_check(ref.title),
+                                               priority=(1, order))
                 r = outcome.reply
+                if outcome.attempts == 0:
+                    resumed_sections += 1
                 sections[ref.path] = SectionText(
                     ref.path, ref.part, ref.chapter, ref.title,
-                    r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend,
+                    r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend or None,
                     None if r.ok else f"failed after {outcome.attempts} attempts: {r.error}",
                 )
                 if r.ok:
                     bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
-                write_window["end"] = time.monotonic()
+                if outcome.attempts:
+                    write_window["end"] = time.monotonic()
 
             async with anyio.create_task_group() as bg:
                 await bg.start(fleet.run)
@@ -343,7 +341,8 @@ class _Job:
         t_end = time.monotonic()
         counted = None
         if write_window["start"] is not None:
-            counted = server_counted(sampler.series, write_window["start"], write_window["end"] or t_end)
+            # names the backends it covers (and why others are not), or says why nothing could be counted
+            counted = sampler.counted(write_window["start"], write_window["end"] or t_end)
 
         typeset_s = pdf_pages = None
         if self.stop.reason is None and any(f in settings.formats for f in ("html", "pdf")):
@@ -378,6 +377,8 @@ class _Job:
                 pdf_pages=pdf_pages,
             )
         )
+        for warning in stats["warnings"]:  # e.g. a backend that sent no usage: tokens_written undercounts
+            log.warning("%s", warning)
         stats["model"] = usable[0][1]
         stats["interrupted"] = self.stop.reason is not None
         for pb, load in zip(stats["per_backend"], fleet.loads, strict=True):
@@ -451,6 +452,21 @@ def _mark_incomplete(markdown: str, reason: str, written: int, total: int, plann
             f"(journal.sqlite).\n")
     head, _, rest = markdown.partition("\n")
     return f"{head}\n\n{note}\n{rest.lstrip()}"
+
+
+def section_check(title: str) -> Callable[[Reply], None]:
+    """A section reply that holds nothing but headings repeating its own title (a small model printing the
+    heading and stopping) is empty: unusable, so it is asked again like an empty answer."""
+    want = normalise_title(title)
+
+    def check(reply: Reply) -> None:
+        for line in reply.text.splitlines():
+            s = line.strip().strip("#*_=- ").strip()
+            if s and normalise_title(s) != want:
+                return
+        raise ValueError("the reply only repeats the section heading")
+
+    return check
 
 
 def _order_base(chapter_path: str, settings: Settings) -> int:

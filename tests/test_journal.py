@@ -48,7 +48,8 @@ def test_new_journal_schema_and_no_secret(tmp_path):
     # Reopened: the outline and the finished node come back.
     j = Journal.open(tmp_path, "A book", s)
     assert j.outline == outline
-    assert j.get("1.1.1", "section").text == "Some text." and j.get("1.1.1", "chapter") is None
+    assert j.get("1.1.1", "section", "S1").text == "Some text." and j.get("1.1.1", "chapter", "S1") is None
+    assert j.get("1.1.1", "section", "Another title") is None  # a section is only itself under its own title
     assert j.resumed
     j.close()
 

@@ -76,7 +76,11 @@ def test_text_lines_count_once_their_newline_arrived():
 def test_text_prefix_agrees_with_the_final_parse():
     text = "Sure.\n\n1. Chapter 1: Basics\n2) `Advanced`\n- \"Extras\"\n(4) Part IV - End\n"
     ts = feed_in(text, 5)
-    assert ts.items == extract_titles(text)[1] == ["Basics", "Advanced", "Extras", "End"]
+    final = extract_titles(text)[1]
+    assert final == ["Basics", "Advanced", "Extras", "End"]  # the bullet fills the gap in the numbering
+    # A bullet among numbers may be a note or a title: the stream stops committing there; what it committed is
+    # a prefix of the final list.
+    assert ts.items == final[: len(ts.items)] and len(ts.items) >= 2
 
 
 # -- the commit rule -------------------------------------------------------------------------------------------

@@ -1,0 +1,379 @@
+"""Never silently wrong: resume integrity, finish reasons, messy replies, one backend per server, the out-dir lock,
+corrupt journals, credentials. Jobs run as the real CLI against a scripted OpenAI-compatible server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from scripted_openai import Answer, Request, ScriptedServer, prose, titles
+
+
+def job_cmd(prompt: str, urls: list[str], out: Path, *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "orchestrator", prompt, "--out", str(out), "--format", "md", "-q", *extra]
+    for u in urls:
+        cmd += ["--backend", u]
+    return cmd
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
+
+
+def sections_of(md: str) -> dict[str, str]:
+    """heading -> body of every #### section of book.md."""
+    parts = re.split(r"^#### (.+)$", md, flags=re.MULTILINE)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def assert_each_section_under_its_own_heading(md: str, n: int) -> None:
+    got = sections_of(md)
+    assert len(got) == n, list(got)
+    for heading, body in got.items():
+        m = re.search(r"This section is about (.+?)\. ", body)
+        assert m, f"section {heading!r} has no text: {body[:80]!r}"
+        assert m.group(1) == heading, f"#### {heading} holds the text written for {m.group(1)!r}"
+
+
+def journal_rows(out: Path, sql: str) -> list[tuple]:
+    try:
+        db = sqlite3.connect(out / "journal.sqlite", timeout=5)
+        try:
+            return db.execute(sql).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []
+
+
+def wait_until(cond, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        assert proc.poll() is None, f"the job ended early: {proc.stderr.read() if proc.stderr else ''}"
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+SHAPE = ["--parts", "1", "--chapters", "2", "--sections", "4", "--attempts", "3"]
+
+
+def book_answer(req: Request) -> Answer | None:
+    if req.kind == "book":
+        return Answer(titles(["Foundations"], "The Test Book"))
+    if req.kind == "part":
+        return Answer(titles(["Basics", "Practice"]))
+    if req.kind == "section":
+        return Answer(prose(req.title))
+    return None
+
+
+# -- 1. resume integrity ----------------------------------------------------------------------------------------
+
+
+def test_resume_after_a_reasked_chapter_keeps_every_text_under_its_own_heading(tmp_path):
+    """The issue's repro: chapter "Basics" first answers A, B, A, C (A and B commit, their sections start; the
+    repeat makes the reply unusable), then X, Y, Z, W, so its final list is A, B, X, Y. The job is killed while
+    the other chapter is still planning. The rerun must not re-derive "Basics" from its last reply (X, Y, Z, W)
+    and put A's text under X."""
+    out = tmp_path / "o"
+    state = {"run": 1}
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter" and req.title == "Basics":
+            if state["run"] == 2:
+                return Answer(titles(["Q", "R", "S", "T"]))  # would be a different outline: must not be asked
+            return Answer(titles(["A", "B", "A", "C"] if req.nth == 1 else ["X", "Y", "Z", "W"]))
+        if req.kind == "chapter" and req.title == "Practice":
+            if state["run"] == 1:
+                return Answer(titles(["P1", "P2", "P3", "P4"]), delay_s=120)  # still planning at the kill
+            return Answer(titles(["P1", "P2", "P3", "P4"]))
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env())
+        wait_until(lambda: len(journal_rows(out, "SELECT path FROM nodes WHERE path LIKE '1.1.%'")) == 4
+                   and journal_rows(out, "SELECT path FROM nodes WHERE path = '1.1'"), proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        written = dict(journal_rows(out, "SELECT path, title FROM nodes WHERE kind = 'section'"))
+        assert written == {"1.1.1": "A", "1.1.2": "B", "1.1.3": "X", "1.1.4": "Y"}
+        assert [r.title for r in srv.of("section")][:2] == ["A", "B"]  # A and B started while the list streamed
+
+        state["run"] = 2
+        before = len(srv.requests)
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+        assert again.returncode == 0, again.stderr
+        rerun = srv.requests[before:]
+    md = (out / "book.md").read_text()
+    assert_each_section_under_its_own_heading(md, 8)
+    assert list(sections_of(md))[:4] == ["A", "B", "X", "Y"]
+    assert not [r for r in rerun if r.kind == "chapter" and r.title == "Basics"]  # restored, not re-planned
+    assert sorted(r.title for r in rerun if r.kind == "section") == ["P1", "P2", "P3", "P4"]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["resumed_sections"] == 4 and stats["failed_sections"] == 0
+
+
+def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tmp_path):
+    """Killed while chapter "Basics" is still streaming its list: A and B are committed and their sections
+    written. The rerun asks for the chapter again (telling it to keep A and B); whatever it answers, A and B stay
+    first and their sections are not asked for again."""
+    out = tmp_path / "o"
+    state = {"run": 1}
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter" and req.title == "Basics":
+            if state["run"] == 1:
+                return Answer(titles(["A", "B", "C", "D"]), hang_after=len('{"items": ["A", "B", "C'))
+            return Answer(titles(["X", "Y", "Z", "W"]))
+        if req.kind == "chapter" and req.title == "Practice":
+            return Answer(titles(["P1", "P2", "P3", "P4"]))
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env())
+        wait_until(lambda: {"A", "B"} <= {t for (t,) in journal_rows(out, "SELECT title FROM nodes")}, proc)
+        assert journal_rows(out, "SELECT items FROM committed WHERE path = '1.1'") == [('["A","B"]',)]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        state["run"] = 2
+        before = len(srv.requests)
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+        assert again.returncode == 0, again.stderr
+        rerun = srv.requests[before:]
+    md = (out / "book.md").read_text()
+    assert_each_section_under_its_own_heading(md, 8)
+    assert list(sections_of(md))[:4] == ["A", "B", "X", "Y"]
+    asked = [r for r in rerun if r.kind == "chapter" and r.title == "Basics"]
+    assert len(asked) == 1 and "Keep these first 2 titles unchanged" in asked[0].prompt
+    assert not {"A", "B"} & {r.title for r in rerun if r.kind == "section"}
+    assert journal_rows(out, "SELECT count(*) FROM committed") == [(0,)]  # finished nodes leave no partial row
+
+
+def test_a_stored_section_answers_only_its_own_title(tmp_path):
+    from orchestrator.client import Reply
+    from orchestrator.config import Settings
+    from orchestrator.journal import Journal, Resuming
+
+    s = Settings(parts=1, chapters=1, sections=2)
+    j = Journal.open(tmp_path, "A book", s)
+    j.record("1.1.1", "section", "Old title", Reply("Old text.", "stop", 1, 2, "u", 0.0, 0.0, 1.0), 1)
+    j.close()
+    j = Journal.open(tmp_path, "A book", s)
+    asked: list[str] = []
+
+    class D:
+        async def run(self, path, kind, title, build, validate=None, priority=(1, 0), **kw):
+            from orchestrator.dispatch import Outcome
+
+            asked.append(title)
+            return Outcome(Reply(f"New text for {title}.", "stop", 1, 2, "u", 0.0, 0.0, 1.0), None, 1)
+
+    r = Resuming(D(), j)
+    out = anyio.run(lambda: r.run("1.1.1", "section", "New title", lambda c, n: {}))
+    assert asked == ["New title"] and out.reply.text == "New text for New title."
+    j.close()
+    j = Journal.open(tmp_path, "A book", s)  # the next run finds it journaled under the new title
+    out = anyio.run(lambda: Resuming(D(), j).run("1.1.1", "section", "New title", lambda c, n: {}))
+    assert asked == ["New title"] and out.attempts == 0 and out.reply.text == "New text for New title."
+    j.close()
+
+
+# -- 2. finish reasons -------------------------------------------------------------------------------------------
+
+
+async def _chat(url: str, answer_kw: dict | None = None):
+    from orchestrator.client import BackendClient
+    from orchestrator.config import Backend
+
+    async with BackendClient(Backend(url), "scripted-model") as c:
+        return await c.chat(c.body([{"role": "user", "content": 'Write the section "S" in about 9 words.'}],
+                                   max_tokens=50, temperature=0))
+
+
+@pytest.mark.parametrize("reason", ["abort", "error", "content_filter", "tool_calls"])
+def test_only_stop_and_length_are_answers(reason):
+    with ScriptedServer(lambda req: Answer(prose("S"), finish_reason=reason)) as srv:
+        r = anyio.run(_chat, srv.url)
+    assert not r.ok and r.retryable and reason in (r.error or "")
+
+
+@pytest.mark.parametrize("reason", ["stop", "length", "eos_token"])
+def test_stop_and_length_are_answers(reason):
+    with ScriptedServer(lambda req: Answer(prose("S"), finish_reason=reason)) as srv:
+        r = anyio.run(_chat, srv.url)
+    assert r.ok and r.finish_reason in ("stop", "length")
+
+
+def test_a_stream_without_a_finish_reason_is_cut():
+    with ScriptedServer(lambda req: Answer(prose("S"), finish_reason=None)) as srv:
+        r = anyio.run(_chat, srv.url)
+    assert not r.ok and r.retryable and "cut" in (r.error or "")
+
+
+def test_partial_and_heading_only_replies_are_retried_never_journaled(tmp_path):
+    """A section aborted mid-way, one that only repeats its heading, and one filtered: each is retried; the
+    book holds the full answers and the journal never held the partial ones."""
+    out = tmp_path / "o"
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter":
+            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
+        if req.kind == "section" and req.nth == 1:
+            if req.title == "Basics 1":
+                return Answer(prose(req.title)[:30], finish_reason="abort")
+            if req.title == "Basics 2":
+                return Answer(f"## {req.title}\n\n", finish_reason="stop")
+            if req.title == "Basics 3":
+                return Answer("", finish_reason="content_filter")
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        run = subprocess.run(job_cmd("A test book", [srv.url], out, *SHAPE), capture_output=True, text=True,
+                             timeout=120, env=env())
+        assert run.returncode == 0, run.stderr
+        retried = {r.title for r in srv.of("section") if r.nth == 2}
+    assert retried == {"Basics 1", "Basics 2", "Basics 3"}
+    assert_each_section_under_its_own_heading((out / "book.md").read_text(), 8)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["request_errors"] == 3 and stats["failed_sections"] == 0 and stats["empty_sections"] == 0
+
+
+# -- 3. replies real models give ---------------------------------------------------------------------------------
+
+
+MESSY = [
+    ('Here is the outline:\n```json\n{"title": "My Book", "items": ["Alpha", "Beta", "Gamma"]}\n```\n'
+     "Let me know if you want changes!", "My Book", ["Alpha", "Beta", "Gamma"]),
+    ('Sure! {"items": ["Alpha", "Beta", "Gamma"]} Hope this helps.', None, ["Alpha", "Beta", "Gamma"]),
+    ("1. **Alpha**: the basics of it\n2. **Beta** - going further\n3. **Gamma**", None, ["Alpha", "Beta", "Gamma"]),
+    ("Part I: Alpha\nPart II: Beta\nPart III: Gamma", None, ["Alpha", "Beta", "Gamma"]),
+    ("Part One - Alpha\nPart Two - Beta\nPart Three - Gamma", None, ["Alpha", "Beta", "Gamma"]),
+    ("Here are the sections:\n\n1. Alpha\n   - what it is\n   - why it matters\n2. Beta\n   * details\n3. Gamma\n\n"
+     "I hope this outline works for you.", None, ["Alpha", "Beta", "Gamma"]),
+    ("1. Alpha\n- a note\n2. Beta\n- another note\n3. Gamma", None, ["Alpha", "Beta", "Gamma"]),
+    ("Here are three titles for your chapter:\nAlpha\nBeta\nGamma\nFeel free to adjust them as you see fit.",
+     None, ["Alpha", "Beta", "Gamma"]),
+    ('[{"title": "Alpha"}, {"title": "Beta"}, {"title": "Gamma"}]', None, ["Alpha", "Beta", "Gamma"]),
+    ("Title: My Book\n1. Alpha\n2. Beta\n3. Gamma\n4. Delta", "My Book", ["Alpha", "Beta", "Gamma", "Delta"]),
+]
+
+
+@pytest.mark.parametrize(("text", "title", "items"), MESSY)
+def test_titles_are_parsed_out_of_what_models_really_send(text, title, items):
+    from orchestrator.plan import extract_titles, parse_titles
+
+    assert extract_titles(text) == (title, items)
+    got = parse_titles(text, 3, want_title=True)  # more than asked: trimmed; no book title: not a failure
+    assert got.items == tuple(items[:3]) and got.title == title
+
+
+def test_the_stream_never_commits_what_the_final_parse_rejects():
+    from orchestrator.plan import TitleStream, extract_titles
+
+    for text, _, _ in MESSY:
+        ts = TitleStream()
+        for i in range(0, len(text), 3):
+            ts.feed(text[i:i + 3])
+        final = extract_titles(text)[1]
+        assert ts.items == final[: len(ts.items)], text
+
+
+def test_too_few_titles_is_asked_again_not_padded_with_prose():
+    from orchestrator.plan import parse_titles
+
+    with pytest.raises(ValueError, match="expected 3 titles"):
+        parse_titles("Here are the titles:\n1. Alpha\n2. Beta\nI hope these help.", 3, False)
+
+
+def test_book_title_falls_back_to_one_made_from_the_prompt():
+    from orchestrator.plan import book_title_from_prompt
+
+    assert book_title_from_prompt("Write me a complete software engineering handbook. Every topic, with "
+                                  "examples.") == "Software Engineering Handbook"
+    assert book_title_from_prompt("A field guide to the birds of Europe") == "A Field Guide to the Birds of Europe"
+
+
+def test_a_job_whose_model_gives_prose_fences_and_no_book_title_still_makes_its_book(tmp_path):
+    out = tmp_path / "o"
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "book":
+            return Answer("Certainly! Here is a plan.\n\n1. **Foundations**: where it starts\n\nEnjoy writing it.")
+        if req.kind == "part":
+            return Answer('Here is the outline:\n```json\n{"items": ["Basics", "Practice"]}\n```\nLet me know!')
+        if req.kind == "chapter":
+            return Answer(f"Sections:\n1. {req.title} one\n   - detail\n2. {req.title} two\n3. {req.title} three\n"
+                          f"4. {req.title} four\n5. {req.title} five\n\nI hope this helps.")
+        return Answer(prose(req.title))
+
+    with ScriptedServer(answer) as srv:
+        run = subprocess.run(job_cmd("Write me a complete guide to beekeeping", [srv.url], out, *SHAPE),
+                             capture_output=True, text=True, timeout=120, env=env())
+    assert run.returncode == 0, run.stderr
+    md = (out / "book.md").read_text()
+    assert md.startswith("# Guide to Beekeeping\n")
+    assert "## Foundations" in md and "### Basics" in md and "### Practice" in md
+    assert list(sections_of(md)) == [f"{c} {n}" for c in ("Basics", "Practice")
+                                     for n in ("one", "two", "three", "four")]
+    assert_each_section_under_its_own_heading(md, 8)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["planning_requests"] == 4  # no re-ask for the missing book title, the prose or the fences
+
+
+async def _plan_requests(url: str, replies: list[Answer]):
+    """Two planning requests through the Dispatcher; returns the client's json_schema_ok after each."""
+    from orchestrator.client import BackendClient
+    from orchestrator.config import Backend
+    from orchestrator.dispatch import Dispatcher, Fleet
+    from orchestrator.prompts import list_schema
+
+    seen = []
+    async with BackendClient(Backend(url), "scripted-model") as client:
+        fleet = Fleet([client], [4], lambda e: None)
+        d = Dispatcher(fleet, lambda e: None, attempts=1, wants_deltas=False)
+        async with anyio.create_task_group() as tg:
+            await tg.start(fleet.run)
+            for _ in replies:
+                await d.run("1", "part", "P", lambda c, n: c.body(
+                    [{"role": "user", "content": 'List 3 chapter titles for part "P".'}], max_tokens=50,
+                    temperature=0, schema=list_schema(3, False) if c.json_schema_ok is not False else None))
+                seen.append(client.json_schema_ok)
+            tg.cancel_scope.cancel()
+    return seen
+
+
+def test_structured_output_is_learnt_only_from_json_and_only_a_format_400_turns_it_off():
+    replies = [
+        Answer("1. Alpha\n2. Beta\n3. Gamma"),  # accepted the field, ignored it: not proof
+        Answer(status=400, error="This model's maximum context length is 2048 tokens. However, you requested "
+                                 "4096 tokens"),  # about the context, not the format
+        Answer(titles(["Alpha", "Beta", "Gamma"])),  # JSON: the schema is honoured
+    ]
+    it = iter(replies)
+    with ScriptedServer(lambda req: next(it)) as srv:
+        seen = anyio.run(_plan_requests, srv.url, replies)
+    assert seen == [None, None, True]
+    it2 = iter([Answer(status=400, error="response_format json_schema is not supported"), Answer("1. A\n2. B\n3. C")])
+    with ScriptedServer(lambda req: next(it2)) as srv:
+        seen = anyio.run(_plan_requests, srv.url, [Answer()])
+        assert "response_format" not in srv.requests[-1].body  # asked again in text at once
+    assert seen == [False]
