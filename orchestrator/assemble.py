@@ -13,6 +13,9 @@ from markdown_it import MarkdownIt
 from .outline import Outline
 
 
+INTERRUPTED = "interrupted before it was written"
+
+
 @dataclass(frozen=True)
 class SectionText:
     """A section as written (or not): ``error`` is set when every attempt failed; ``text`` is then ''."""
@@ -29,7 +32,12 @@ class SectionText:
 
     @property
     def failed(self) -> bool:
-        return self.error is not None
+        return self.error is not None and self.error != INTERRUPTED
+
+    @property
+    def interrupted(self) -> bool:
+        """Not written because the run was stopped (Ctrl-C) first: not a failure; a rerun writes it."""
+        return self.error == INTERRUPTED
 
     @property
     def empty(self) -> bool:
@@ -109,8 +117,10 @@ def close_fences(text: str) -> str:
     return text if open_fence is None else text.rstrip("\n") + "\n" + open_fence
 
 
-def assemble(outline: Outline, sections: dict[str, SectionText]) -> Book:
-    """Place every section under its part and chapter, in outline order. A failed section is marked visibly."""
+def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = "not written") -> Book:
+    """Place every section under its part and chapter, in outline order. A failed section is marked visibly; a
+    section absent from ``sections`` is marked with ``missing`` (INTERRUPTED when the run was stopped). A text
+    written for another title is never placed under this one: it counts as not written."""
     out: list[str] = [f"# {outline.title}", ""]
     ordered: list[SectionText] = []
     refs = {r.path: r for r in outline.sections()}
@@ -120,12 +130,12 @@ def assemble(outline: Outline, sections: dict[str, SectionText]) -> Book:
             out += [f"### {chapter.title}", ""]
             for si, title in enumerate(chapter.sections, 1):
                 path = f"{pi}.{ci}.{si}"
-                s = sections.get(path) or SectionText(
-                    path, refs[path].part, refs[path].chapter, title, "", error="not written"
-                )
+                s = sections.get(path)
+                if s is None or s.title != title:
+                    s = SectionText(path, refs[path].part, refs[path].chapter, title, "", error=missing)
                 ordered.append(s)
                 out += [f"#### {title}", ""]
-                if s.failed:
+                if s.error is not None:
                     out += [f"> **This section is missing**: {s.error}", ""]
                 elif s.text.strip():
                     out += [close_fences(demote_headings(s.text, drop_title=title)), ""]

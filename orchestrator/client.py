@@ -61,6 +61,8 @@ ANSWERS = frozenset({"stop", "length"})
 FINISH_SYNONYMS = {"eos_token": "stop", "eos": "stop", "stop_sequence": "stop", "end_turn": "stop",
                    "max_tokens": "length", "max_length": "length"}
 
+PROBE_TIMEOUT_S = 30.0  # a probe completion of a few tokens; a server slower than this is not back yet
+
 _DATA = b"data:"
 _DONE = b"[DONE]"
 
@@ -107,7 +109,7 @@ class BackendClient:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             connector=connector,
-            headers={"Authorization": f"Bearer {self._key}", "Content-Type": "application/json"},
+            headers={"Authorization": auth_header(self.backend, self._key), "Content-Type": "application/json"},
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
             auto_decompress=False,
         )
@@ -130,15 +132,21 @@ class BackendClient:
                     w.scope.cancel()
 
     async def probe(self) -> bool:
-        """Is the server answering? (GET /v1/models, short timeout.)"""
+        """Is the server serving again? ``/v1/models`` answering is not enough (a server whose engine died still
+        lists its models): a tiny completion must come back as an answer too."""
         assert self._session is not None
         try:
             async with self._session.get(
                 f"{self.url}/models", timeout=aiohttp.ClientTimeout(total=self._connect_timeout)
             ) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return False
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
+        with anyio.move_on_after(PROBE_TIMEOUT_S):
+            reply = await self.chat(self.body([{"role": "user", "content": "Say OK."}], max_tokens=8, temperature=0))
+            return reply.ok
+        return False
 
     def body(
         self,
@@ -319,6 +327,17 @@ class BackendClient:
         )
 
 
+def auth_header(backend: Backend, key: str) -> str:
+    """HTTP basic auth when the backend URL carried user:password (a proxy in front of the server), else the
+    OpenAI-style bearer key."""
+    if backend.auth is not None:
+        import base64
+
+        token = base64.b64encode(f"{backend.auth[0]}:{backend.auth[1]}".encode()).decode()
+        return f"Basic {token}"
+    return f"Bearer {key}"
+
+
 def _short(e: BaseException) -> str:
     s = str(e) or type(e).__name__
     return " ".join(s.split())[:200]
@@ -357,8 +376,10 @@ async def discover(backend: Backend, api_key: str | None, wanted: str | None, ti
     """
     import openai
 
+    key = backend.api_key or api_key or "EMPTY"
     client = openai.AsyncOpenAI(
-        base_url=backend.url, api_key=backend.api_key or api_key or "EMPTY", max_retries=0, timeout=timeout
+        base_url=backend.url, api_key=key, max_retries=0, timeout=timeout,
+        default_headers={"Authorization": auth_header(backend, key)} if backend.auth else None,
     )
     try:
         page = await client.models.list()

@@ -23,10 +23,26 @@ class Backend:
     cap: int = 256
     api_key: str | None = field(default=None, repr=False)  # never printed
     model: str | None = None
+    # user:password given in the URL (http://user:pass@host/v1): sent as HTTP basic auth, and taken out of
+    # ``url`` at once, so the URL that reaches stats.json, the journal, events and logs never carries it.
+    auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "url", normalise_url(self.url))
+        url, auth = split_credentials(self.url)
+        object.__setattr__(self, "url", normalise_url(url))
+        if auth is not None:
+            object.__setattr__(self, "auth", auth)
         check_positive_int("cap", self.cap)
+
+    @property
+    def identity(self) -> tuple[str, str, int, str]:
+        """What makes two URLs the same server: scheme, host (localhost is 127.0.0.1), port, path."""
+        u = urlparse(self.url)
+        host = (u.hostname or "").lower()
+        if host in ("localhost", "localhost.localdomain", "127.0.0.1"):
+            host = "127.0.0.1"
+        port = u.port or (443 if u.scheme == "https" else 80)
+        return (u.scheme, host, port, u.path.rstrip("/"))
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,39 @@ JOB_KEYS = SETTING_NAMES | {"prompt", "backends", "backend", "out", "format", "p
 def check_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``http://user:pass@host:8000/v1`` -> (``http://host:8000/v1``, (user, pass)); other URLs unchanged."""
+    if not isinstance(url, str):
+        return url, None
+    parsed = urlparse(url.strip())
+    if "@" not in parsed.netloc:
+        return url, None
+    from urllib.parse import unquote
+
+    userinfo, _, hostport = parsed.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return parsed._replace(netloc=hostport).geturl(), (unquote(user), unquote(password))
+
+
+def unique_backends(backends: list[Backend]) -> list[Backend]:
+    """The same server given twice (or as localhost and 127.0.0.1) is one backend with one cap: two entries
+    would double its cap and split its load figures. Keeps the first entry and says so."""
+    import logging
+
+    seen: dict[tuple[str, str, int, str], Backend] = {}
+    out = []
+    for b in backends:
+        first = seen.get(b.identity)
+        if first is not None:
+            logging.getLogger("handbook").warning(
+                "backend %s is the same server as %s: using it once, with cap %d", b.url, first.url, first.cap
+            )
+            continue
+        seen[b.identity] = b
+        out.append(b)
+    return out
 
 
 def normalise_url(url: str) -> str:

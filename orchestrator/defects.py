@@ -248,7 +248,7 @@ def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
 
 def find_defects(book: Book) -> Defects:
     sections = list(book.sections)
-    written = [s for s in sections if not s.failed and not s.empty]
+    written = [s for s in sections if not s.failed and not s.empty and not s.interrupted]
 
     # duplicate titles
     groups: dict[str, list[SectionText]] = defaultdict(list)
@@ -318,7 +318,7 @@ def find_defects(book: Book) -> Defects:
         ],
     }
 
-    counts = [count_words(s.text) for s in sections if not s.failed]
+    counts = [count_words(s.text) for s in sections if not s.failed and not s.interrupted]
     words = {
         "total": sum(counts),
         "mean": round(sum(counts) / len(counts), 1) if counts else 0.0,

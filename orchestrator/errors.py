@@ -1,10 +1,14 @@
-"""Our error types. Each carries the CLI exit code it maps to (see DESIGN: 1 failed, 2 bad input, 3 no backend).
+"""Our error types. Each carries the CLI exit code it maps to (see DESIGN: 1 failed, 2 bad input, 3 no backend;
+4: the book was written but typesetting the PDF/HTML failed; 130 interrupted).
 
 Library and HTTP errors are translated into these in exactly one place (client.py); everything above the client
 only ever sees these or plain values.
 """
 
 from __future__ import annotations
+
+
+TYPESET_FAILED_EXIT = 4  # book.md, stats.json, defects.json and the journal are written; the PDF is not
 
 
 class HandbookError(Exception):

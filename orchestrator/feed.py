@@ -17,6 +17,10 @@ Events stream of JSON messages:
     ``{"p": path, "k": kind, "h": title, "a": attempt, "r": reset?, "x": text, "s": "done"|"retry"|"failed",
     "e": error, "g": gap?}`` (``g``: text of this node was dropped for this client, see below).
 
+DNS rebinding: a page on another site can point its own host name at 127.0.0.1 and then read this server as if
+same-origin. Every request must therefore name this server in its Host header (127.0.0.1, localhost or [::1],
+with this port or none); any other Host gets 403.
+
 Back-pressure: the event callback never awaits and never blocks. Each client owns a small dict of pending ops keyed
 by node path; a Delta appends to its node's op, so a slow browser gets fewer, larger messages. A client's pending
 bytes are capped (``client_bytes``): past the cap the oldest pending ops are dropped (and marked as gaps), so a
@@ -37,7 +41,7 @@ from typing import Any, Self
 import anyio
 import jinja2
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from .errors import ConfigError
 from .events import Delta, JobFinished, NodeFailed, NodeFinished, NodeStarted
@@ -245,6 +249,7 @@ class Feed:
         self._closed: asyncio.Event | None = None
         self._finished: asyncio.Event | None = None
         self._template: jinja2.Template | None = None
+        self._hosts: frozenset[str] = frozenset()
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -267,7 +272,7 @@ class Feed:
         self._thread = threading.get_ident()
         self._closed = asyncio.Event()
         self._finished = asyncio.Event()
-        app = web.Application()
+        app = web.Application(middlewares=[self._host_guard()])
         app.router.add_get("/", self._page)
         app.router.add_get("/events", self._events)
         app.router.add_get("/status", self._status)
@@ -284,6 +289,7 @@ class Feed:
         self.port = int(addr[1])
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{self.port}/"
+        self._hosts = _allowed_hosts(host, self.port)
         return self
 
     def close(self) -> None:
@@ -383,6 +389,17 @@ class Feed:
 
     # -- HTTP -----------------------------------------------------------------------------------------------------
 
+    def _host_guard(self) -> Any:
+        """Middleware: 403 for a request whose Host header does not name this server (see the module doc)."""
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+            if request.headers.get(hdrs.HOST, "").strip().lower() not in self._hosts:
+                return web.Response(status=403, text="forbidden: unexpected Host header\n")
+            return await handler(request)
+
+        return guard
+
     def _status_payload(self) -> dict[str, Any]:
         with self.state.lock:
             return self.state.snapshot()
@@ -480,6 +497,14 @@ class Feed:
             if task is not None:
                 self._handlers.discard(task)
         return resp
+
+
+def _allowed_hosts(host: str, port: int) -> frozenset[str]:
+    """The Host values that name a feed served on ``host``:``port`` (lower case; with this port, or none)."""
+    names = {"127.0.0.1", "localhost", "[::1]"}
+    if host not in ("0.0.0.0", "[::]", ""):
+        names.add(host.lower())  # a feed bound elsewhere on purpose answers to that address too
+    return frozenset(names | {f"{n}:{port}" for n in names})
 
 
 def _sse(msg: dict[str, Any]) -> bytes:

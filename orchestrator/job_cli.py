@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from .config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
-from .errors import ConfigError
+from .errors import TYPESET_FAILED_EXIT, ConfigError
 
 SHAPE = ("parts", "chapters", "sections")
 LOCAL_DEFAULT_SHAPE = {"parts": 3, "chapters": 3, "sections": 4}
@@ -155,7 +155,7 @@ def report(result) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .report import ROW_COLUMNS, row_cells
+    from .report import ROW_COLUMNS, row_cells, server_counted_line
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
@@ -163,16 +163,14 @@ def report(result) -> int:
         table.add_column(name, justify="right")
     table.add_row(*row_cells(result.stats))
     console.print(table)
-    sc = result.stats.get("server_counted")
-    if sc:
-        console.print(
-            f"server-counted while writing: {sc['sustained_tok_s']:,.0f} tok/s sustained, "
-            f"best second {sc['best_second_tok_s'] or 0:,.0f} tok/s ({sc['metric']})"
-        )
+    line = server_counted_line(result.stats)
+    if line:
+        console.print(line, markup=False)
     for key, path in result.paths.items():
         console.print(f"{key:>10}: {path}")
     if getattr(result, "interrupted", False):
-        done = result.stats["sections"] - result.stats["failed_sections"] - result.stats["empty_sections"]
+        st = result.stats
+        done = st["sections"] - st["failed_sections"] - st["empty_sections"] - st["interrupted_sections"]
         print(f"handbook: interrupted: {done} of {result.stats['sections']} sections written (book.md is marked "
               "incomplete); rerun the same command to resume", file=sys.stderr)
         return 130
@@ -182,6 +180,10 @@ def report(result) -> int:
         for path in result.failed_sections:
             print(f"  {path} {refs.get(path, '')}", file=sys.stderr)
         return 1
+    if result.typeset_error:
+        print(f"handbook: error: {result.typeset_error}; book.md, stats.json and defects.json are written "
+              f"({result.paths['md']}); retry the PDF with: handbook typeset {result.paths['md']}", file=sys.stderr)
+        return TYPESET_FAILED_EXIT
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Both views fold the job's one stream of events (``orchestrator.events``) into a :class:`JobState` and render it.
 Every rate shown is server-counted: it comes from :class:`~orchestrator.events.MetricsSample` events only, never
-from timing chunk arrivals on the client (the reference run's browser-timed "best second" read 9% high).
+from timing chunk arrivals on the client (the reference run's browser-timed "best second" read 9% high). A rate
+summed over only some backends (the others expose no token counter, or their scrape failed this round) is labelled
+"server-counted (k of n backends)", never shown as the fleet's.
 
     progress = Progress()            # rich.console.Console() by default
     with progress:                   # or progress.start() / progress.stop()
@@ -91,6 +93,8 @@ class JobState:
         self.rate_t: float | None = None
         self.rate_history: deque[tuple[float, float]] = deque(maxlen=self.RATE_HISTORY)
         self.servers: dict[str, dict[str, float | None]] = {}
+        self.counted_backends: int | None = None  # backends whose counter the last sample summed ...
+        self.metered_backends: int | None = None  # ... of the backends it scraped
         self.samples = 0
         self.last_failure = ""
         self.finished = False
@@ -153,6 +157,8 @@ class JobState:
             if e.rate_tok_s is not None:
                 self.rate_history.append((e.t, float(e.rate_tok_s)))
             self.servers = {url: dict(v) for url, v in e.per_backend.items()}
+            self.metered_backends = len(e.per_backend)
+            self.counted_backends = sum(1 for v in e.per_backend.values() if v.get("tokens") is not None)
             for url in e.per_backend:
                 self._know(url)
         elif isinstance(e, LevelPlanned):
@@ -243,6 +249,14 @@ class JobState:
             return None
         return max(0.0, self.last_sample[1] - self.first_sample[1]) / dt
 
+    @property
+    def rate_label(self) -> str:
+        """What the rate is: "server-counted", or "server-counted (k of n backends)" when it is a partial sum."""
+        k, n = self.counted_backends, self.metered_backends
+        if k is None or n is None or k >= n:
+            return "server-counted"
+        return f"server-counted ({k} of {n} backends)"
+
     def snapshot(self) -> dict[str, Any]:
         """The state as plain JSON-able data (what the feed's header shows)."""
         backends = []
@@ -279,6 +293,9 @@ class JobState:
             "rate": self.rate,
             "rate_t": self.rate_t,
             "rate_so_far": self.rate_so_far,
+            "rate_label": self.rate_label,
+            "counted_backends": self.counted_backends,
+            "metered_backends": self.metered_backends,
             "metered": self.samples > 0,
             "cap": self.cap,
             "backends": backends,
@@ -441,7 +458,9 @@ class Progress:
             elif s.rate is None and s.first_sample is None:
                 parts.append("rate n/a (no server counter)")
             else:
-                parts.append(f"rate {_num(s.rate)} tok/s (so far {_num(s.rate_so_far)})")
+                label = s.rate_label
+                partial = "" if label == "server-counted" else f" {label}"  # a fleet-wide rate needs no label
+                parts.append(f"rate {_num(s.rate)} tok/s (so far {_num(s.rate_so_far)}){partial}")
             flights = " ".join(
                 f"{short_url(u)}={s.inflight.get(u, 0)}" + ("" if s.health.get(u, (True, ""))[0] else "(down)")
                 for u in s.backends
@@ -502,7 +521,7 @@ class Progress:
                 rate.append(f"{_num(s.rate)} tok/s", style="bold magenta")
                 rate.append(" last second · ")
                 rate.append(f"{_num(s.rate_so_far)} tok/s", style="magenta")
-                rate.append(" so far (server-counted)")
+                rate.append(f" so far ({s.rate_label})")
             grid.add_row("rate", rate)
 
             trouble = Text(f"{s.retries:,} retries · ")

@@ -1,4 +1,9 @@
-"""Pure: what a job did -> Stats (the reference run's Table 5 row and more), and the row as text."""
+"""Pure: what a job did -> Stats (the reference run's Table 5 row and more), and the row as text.
+
+Honest labels: ``avg_tok_s_writing`` is the reference run's definition (usage tokens / write time), printed as
+such; server-counted figures that cover only some backends are printed as "server-counted (k of n backends)";
+``warnings`` names what makes a figure undercount (a backend that sent no usage).
+"""
 
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
             }
         )
     failed = [s.path for s in book.sections if s.failed]
+    interrupted = [s.path for s in book.sections if s.interrupted]
     empty = [s.path for s in book.sections if s.empty]
     truncated = [s.path for s in book.sections if s.finish_reason == "length"]
     return {
@@ -74,14 +80,42 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "planning_requests": len(plan_replies),
         "request_errors": sum(1 for _, r in rec.replies if not r.ok),
         "failed_sections": len(failed),
+        "interrupted_sections": len(interrupted),
         "empty_sections": len(empty),
         "truncated_sections": len(truncated),
         "resumed_sections": rec.resumed_sections,
         "server_counted": rec.server_counted,
         "per_backend": per_backend,
         "failed_section_paths": failed,
+        "warnings": usage_warnings(rec),
     }
 
+
+def usage_warnings(rec: JobRecord) -> list[str]:
+    """One warning per backend that answered without usage: the token figures undercount what it wrote.
+
+    A successful reply with text but ``completion_tokens == 0`` had no usage in it (a server that ignores
+    ``stream_options.include_usage``); its tokens are missing from ``tokens_written``, ``section_tokens``,
+    ``avg_tok_s_writing`` and ``per_backend``.
+    """
+    seen: dict[str, list[int]] = {u: [0, 0] for u in rec.backends}  # url -> [no usage, successful replies]
+    for _, r in rec.replies:
+        if not r.ok:
+            continue
+        counts = seen.setdefault(r.backend, [0, 0])
+        counts[1] += 1
+        if r.completion_tokens == 0 and r.text.strip():
+            counts[0] += 1
+    return [
+        f"backend {url} returned no usage in {n} of {m} replies: tokens_written undercounts"
+        for url, (n, m) in seen.items()
+        if n
+    ]
+
+
+AVG_LABEL = "avg tok/s writing (usage/write s)"
+"""The reference run's tok/s figure, printed with its definition: the usage tokens of the sections / write time.
+It is not server-counted. (Short enough that the row's header stays one line in a 160-column log.)"""
 
 ROW_COLUMNS: Sequence[tuple[str, str]] = (
     ("cards", "cards"),
@@ -90,7 +124,7 @@ ROW_COLUMNS: Sequence[tuple[str, str]] = (
     ("plan s", "plan_time_s"),
     ("tokens written", "tokens_written"),
     ("write s", "write_time_s"),
-    ("avg tok/s writing", "avg_tok_s_writing"),
+    (AVG_LABEL, "avg_tok_s_writing"),
     ("whole job s", "whole_job_s"),
     ("words", "words"),
     ("pages at 300 words", "pages_at_300_words"),
@@ -110,3 +144,29 @@ def row_cells(stats: dict[str, Any]) -> list[str]:
         else:
             cells.append(str(v))
     return cells
+
+
+def coverage_label(sc: dict[str, Any]) -> str:
+    """"server-counted", or "server-counted (k of n backends)" when the figures cover only part of the fleet."""
+    covered = sc.get("covered_backends")
+    if covered is None:
+        return "server-counted"
+    n = len(covered) + len(sc.get("uncovered_backends") or ())
+    return "server-counted" if len(covered) == n else f"server-counted ({len(covered)} of {n} backends)"
+
+
+def server_counted_line(stats: dict[str, Any]) -> str | None:
+    """The printed summary of ``stats["server_counted"]``, never presenting a partial sum as the fleet's."""
+    sc = stats.get("server_counted")
+    if not sc:
+        return None
+    if sc.get("available") is False:
+        return f"server-counted: not available: {sc.get('reason') or 'no server counter'}"
+    line = (
+        f"{coverage_label(sc)} while writing: {sc['sustained_tok_s']:,.0f} tok/s sustained, "
+        f"best second {sc['best_second_tok_s'] or 0:,.0f} tok/s ({sc['metric']})"
+    )
+    missing = sc.get("uncovered_backends") or ()
+    if missing:
+        line += "; not counted: " + "; ".join(f"{b['url']} ({b['reason']})" for b in missing)
+    return line

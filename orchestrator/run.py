@@ -19,9 +19,9 @@ from typing import Any
 import anyio
 import orjson
 
-from .assemble import Book, SectionText, assemble, normalise_title
+from .assemble import INTERRUPTED, Book, SectionText, assemble, normalise_title
 from .client import BackendClient, Reply, discover
-from .config import Backend, Settings, slugify
+from .config import Backend, Settings, slugify, unique_backends
 from .dispatch import Dispatcher, Fleet
 from .errors import BackendError, ConfigError, HandbookError, Interrupted, unwrap
 from .events import JobFinished, JobStarted, NodeFinished, OutlineReady
@@ -40,7 +40,8 @@ DISCOVER_TIMEOUT_S = 7.0  # an unreachable backend is reported within 10 s
 @dataclass(frozen=True)
 class Result:
     """What a job produced. ``complete`` is False when any section failed, came back empty or was not written;
-    ``interrupted`` is True when the run was stopped by Ctrl-C (what existed was written; rerun to resume)."""
+    ``interrupted`` is True when the run was stopped by Ctrl-C (what existed was written; rerun to resume);
+    ``typeset_error`` says why the PDF/HTML could not be made (book.md, stats and defects were written first)."""
 
     markdown: str
     outline: Outline
@@ -50,6 +51,7 @@ class Result:
     complete: bool
     failed_sections: tuple[str, ...] = field(default=())
     interrupted: bool = False
+    typeset_error: str | None = None  # book.html/book.pdf could not be made; everything else was written
 
 
 class _Bus:
@@ -151,7 +153,7 @@ async def agenerate(
 
             async with LocalEngine(on_progress=_engine_progress) as engine:
                 return await job.run([Backend(engine.url, cap=settings.cap)])
-        bk = [b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends]
+        bk = unique_backends([b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends])
         return await job.run(bk)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
@@ -329,7 +331,7 @@ class _Job:
 
         if outline is None:  # stopped while planning: the book has a title at most
             outline = Outline(title=self.prompt)
-        book = assemble(outline, sections)
+        book = assemble(outline, sections, INTERRUPTED if self.stop.reason == "interrupt" else "not written")
         if self.stop.reason == "interrupt" and t_titles is not None and len(sections) == len(book.sections):
             self.stop.reason = None  # Ctrl-C came when every section was already in: nothing is missing
         markdown = book.markdown
@@ -344,20 +346,13 @@ class _Job:
             # names the backends it covers (and why others are not), or says why nothing could be counted
             counted = sampler.counted(write_window["start"], write_window["end"] or t_end)
 
-        typeset_s = pdf_pages = None
-        if self.stop.reason is None and any(f in settings.formats for f in ("html", "pdf")):
-            from .typeset import typeset
+        failed = tuple(s.path for s in book.sections if s.failed or s.empty)
+        complete = not failed and self.stop.reason is None
+        self.status = "complete" if complete else ("interrupted" if self.stop.reason else "incomplete")
+        if self.stop.reason == "all-down":
+            self.status = "aborted"
 
-            info = await anyio.to_thread.run_sync(
-                lambda: typeset(book.markdown, self.out_dir, [f for f in settings.formats if f != "md"],
-                                settings.templates)
-            )
-            typeset_s, pdf_pages = info.seconds, info.pdf_pages
-            if info.pdf_pages is not None and info.pdf_path:
-                paths["pdf"] = info.pdf_path
-            if info.html_path:
-                paths["html"] = info.html_path
-
+        # Everything but the PDF is on disk before typesetting starts: a typesetting failure loses nothing.
         defects = _write_defects(self.out_dir, book, paths)
         plan_levels = [n - r for n, r in zip(planner.level_requests, dispatcher.resumed_levels, strict=False)]
         stats = build_stats(
@@ -373,8 +368,6 @@ class _Job:
                 t_end=t_end,
                 resumed_sections=resumed_sections,
                 server_counted=counted,
-                typeset_s=typeset_s,
-                pdf_pages=pdf_pages,
             )
         )
         for warning in stats["warnings"]:  # e.g. a backend that sent no usage: tokens_written undercounts
@@ -385,18 +378,45 @@ class _Job:
             pb["max_in_flight"] = load.max_in_flight
             pb["cap"] = load.cap
             pb["left_rotation"] = load.trips
-        (self.out_dir / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2))
-        paths["stats"] = self.out_dir / "stats.json"
+        _write_stats(self.out_dir, stats, paths)
         paths["journal"] = journal.path
-        failed = tuple(s.path for s in book.sections if s.failed or s.empty)
-        complete = not failed and self.stop.reason is None
-        self.status = "complete" if complete else ("interrupted" if self.stop.reason else "incomplete")
+        journal.end_run(self.status, self.requests)
+
+        typeset_error = None
+        if self.stop.reason is None and any(f in settings.formats for f in ("html", "pdf")):
+            typeset_error = await self._typeset(book, paths, stats)
+            _write_stats(self.out_dir, stats, paths)
+
         bus(JobFinished(stats, complete, time.monotonic()))
         if self.stop.reason == "all-down":
-            self.status = "aborted"
             raise BackendError(self._stopped_message(str(fleet.all_down_error)))
         return Result(book.markdown, outline, stats, defects, paths, complete, failed,
-                      interrupted=self.stop.reason == "interrupt")
+                      interrupted=self.stop.reason == "interrupt", typeset_error=typeset_error)
+
+    async def _typeset(self, book: Book, paths: dict[str, Path], stats: dict[str, Any]) -> str | None:
+        """Lay out book.html/book.pdf; record the time and pages in ``stats``. A failure is returned as a
+        one-line message (and recorded as ``stats["typeset_error"]``): book.md, stats, defects and the journal
+        are already written, so nothing is lost, and the CLI exits with TYPESET_FAILED_EXIT."""
+        from .typeset import typeset
+
+        formats = [f for f in self.settings.formats if f != "md"]
+        try:
+            info = await anyio.to_thread.run_sync(
+                lambda: typeset(book.markdown, self.out_dir, formats, self.settings.templates)
+            )
+        except Exception as e:  # WeasyPrint, a template, a worker: whatever broke, the Markdown book stands
+            why = " ".join(str(e).split())[:300] or type(e).__name__
+            message = f"typesetting failed ({type(e).__name__}: {why})"
+            stats["typeset_error"] = message
+            log.warning("%s; book.md is complete in %s", message, self.out_dir)
+            return message
+        stats["typeset_s"] = None if info.seconds is None else round(info.seconds, 2)
+        stats["pdf_pages"] = info.pdf_pages
+        if info.pdf_pages is not None and info.pdf_path:
+            paths["pdf"] = info.pdf_path
+        if info.html_path:
+            paths["html"] = info.html_path
+        return None
 
     def _stopped_message(self, why: str) -> str:
         done = sum(1 for n in self.journal.nodes.values() if n.kind == "section") + self.journal.written_sections
@@ -498,6 +518,11 @@ def _write_outputs(out_dir: Path, book: Book, outline: Outline) -> dict[str, Pat
     (out_dir / "book.md").write_text(book.markdown, encoding="utf-8")
     (out_dir / "outline.json").write_bytes(orjson.dumps(outline.to_json(), option=orjson.OPT_INDENT_2))
     return {"md": out_dir / "book.md", "outline": out_dir / "outline.json"}
+
+
+def _write_stats(out_dir: Path, stats: dict[str, Any], paths: dict[str, Path]) -> None:
+    (out_dir / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    paths["stats"] = out_dir / "stats.json"
 
 
 def _write_defects(out_dir: Path, book: Book, paths: dict[str, Path]) -> dict[str, Any] | None:

@@ -266,7 +266,7 @@ async def test_a_stalled_browser_neither_slows_the_job_nor_grows_memory():
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", feed.port))
-        sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{feed.port}\r\n\r\n".encode())
         with anyio.fail_after(5):
             while feed.clients < 1:
                 await anyio.sleep(0.01)
@@ -356,6 +356,30 @@ async def test_page_loads_nothing_from_the_network_and_forbids_inline_handlers(t
         http.get(feed.url) as resp,
     ):
         assert "custom marker" in await resp.text()
+
+
+async def test_a_foreign_host_header_is_refused():
+    # DNS rebinding: evil.example resolves to 127.0.0.1, so its page would reach the feed with its own Host.
+    async with Feed(port=0) as feed, aiohttp.ClientSession() as http:
+        port = feed.port
+        for path in ("", "events", "status"):
+            for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}", ""):
+                async with http.get(feed.url + path, headers={"Host": host}) as resp:
+                    assert resp.status == 403, (path, host)
+                    body = await resp.read()
+                    assert len(body) < 100 and b"<script" not in body
+                    assert not resp.headers.get("Content-Type", "").startswith("text/event-stream")
+        assert feed.clients == 0  # the refused stream never became a client
+        # the names of this machine's loopback, with this port or none, are served
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}", "127.0.0.1"):
+            async with http.get(feed.url, headers={"Host": host}) as resp:
+                assert resp.status == 200, host
+                assert "<script nonce=" in await resp.text()
+        async with http.get(feed.url + "events", headers={"Host": f"localhost:{port}"}) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+            assert (await anext(read_messages(resp)))["snapshot"] is True
+        async with http.get(feed.url + "status") as resp:  # what a client sends by itself
+            assert resp.status == 200
 
 
 async def test_a_busy_port_is_a_configuration_error():

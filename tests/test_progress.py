@@ -192,3 +192,28 @@ def test_plain_line_while_planning_and_writing_overlap():
     progress(NodeFinished("1.1.1", "section", "S", reply(A, 50), 3.0))
     line = progress.plain_line()
     assert "sections 1/~8 (12.5%)" in line and "planning L1=2" in line and "tokens 50" in line
+
+
+def test_a_rate_over_some_backends_is_labelled_as_such():
+    # B answers /metrics without a token counter: the rate is A's alone, and every view says so
+    progress = Progress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+    progress(JobStarted("p", (A, B), {}, 0.0))
+    partial = {A: {"tokens": 600.0, "running": 1.0, "waiting": 0.0}, B: {"tokens": None, "running": 2.0,
+                                                                          "waiting": 0.0}}
+    progress(MetricsSample(1.0, 600.0, None, partial))
+    progress(MetricsSample(2.0, 1600.0, 1000.0, partial))
+    line = progress.plain_line()
+    assert "rate 1,000 tok/s (so far 1,000) server-counted (1 of 2 backends)" in line, line
+    snap = progress.state.snapshot()
+    assert snap["rate_label"] == "server-counted (1 of 2 backends)"
+    assert (snap["counted_backends"], snap["metered_backends"]) == (1, 2)
+    out = StringIO()
+    Console(file=out, force_terminal=True, width=160).print(progress._render())
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "server-counted (1 of 2 backends)" in plain
+    # once every backend is counted, the rate is the fleet's and carries no qualifier
+    whole = {A: {"tokens": 2600.0, "running": 1.0, "waiting": 0.0}, B: {"tokens": 10.0, "running": 2.0,
+                                                                         "waiting": 0.0}}
+    progress(MetricsSample(3.0, 2610.0, 1000.0, whole))
+    assert "backends)" not in progress.plain_line()
+    assert progress.state.snapshot()["rate_label"] == "server-counted"

@@ -377,3 +377,178 @@ def test_structured_output_is_learnt_only_from_json_and_only_a_format_400_turns_
         seen = anyio.run(_plan_requests, srv.url, [Answer()])
         assert "response_format" not in srv.requests[-1].body  # asked again in text at once
     assert seen == [False]
+
+
+# -- 5. a typesetting failure loses nothing ------------------------------------------------------------------------
+
+
+def test_a_typesetting_failure_keeps_the_book_stats_defects_and_journal(tmp_path):
+    out = tmp_path / "o"
+    broken = tmp_path / "templates"
+    broken.mkdir()
+    (broken / "book.html.j2").write_text("{% for x in %}broken{% endfor %}")  # a template that cannot compile
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter":
+            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
+        cmd[cmd.index("--format") + 1] = "md,pdf"
+        run = subprocess.run([*cmd, "--templates", str(broken)], capture_output=True, text=True, timeout=180,
+                             env=env())
+    assert run.returncode == 4, run.stderr
+    assert "Traceback" not in run.stderr and "typesetting failed" in run.stderr
+    assert_each_section_under_its_own_heading((out / "book.md").read_text(), 8)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["sections"] == 8 and stats["failed_sections"] == 0 and "typesetting failed" in stats["typeset_error"]
+    assert json.loads((out / "defects.json").read_text())["words"]["total"] > 0
+    assert not (out / "book.pdf").exists()
+    assert journal_rows(out, "SELECT status FROM runs") == [("complete",)]
+    assert journal_rows(out, "SELECT count(*) FROM nodes WHERE kind = 'section'") == [(8,)]
+
+
+# -- 6. safety and hygiene ----------------------------------------------------------------------------------------
+
+
+def test_the_same_server_twice_is_one_backend_with_one_cap(tmp_path):
+    out = tmp_path / "o"
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter":
+            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        urls = [srv.url, f"http://localhost:{srv.port}/v1", srv.url + "/"]
+        run = subprocess.run(job_cmd("A test book", urls, out, *SHAPE, "--cap", "3"), capture_output=True,
+                             text=True, timeout=120, env=env())
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("is the same server as") == 2
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["cards"] == 1 and [b["cap"] for b in stats["per_backend"]] == [3]
+    assert stats["per_backend"][0]["max_in_flight"] <= 3
+
+
+def test_a_second_job_on_the_same_out_dir_is_refused(tmp_path):
+    out = tmp_path / "o"
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter":
+            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]), delay_s=30)
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
+        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+        try:
+            wait_until(lambda: bool(srv.of("chapter")), first)
+            second = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env())
+        finally:
+            first.kill()
+            first.wait(10)
+    assert second.returncode == 2
+    assert second.stderr.count("\n") == 1 and "another handbook job" in second.stderr and str(first.pid) in second.stderr
+
+
+@pytest.mark.parametrize("damage", ["garbage", "foreign", "bad-key", "bad-outline", "no-nodes"])
+def test_a_corrupt_or_foreign_journal_is_a_one_line_error(tmp_path, damage):
+    out = tmp_path / "o"
+    out.mkdir()
+    path = out / "journal.sqlite"
+    if damage == "garbage":
+        path.write_bytes(b"this is not a database at all" * 100)
+    elif damage == "foreign":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE photos (id INTEGER, name TEXT)")
+        db.commit()
+        db.close()
+    else:
+        from orchestrator.config import Settings
+        from orchestrator.journal import Journal
+
+        s = Settings(parts=1, chapters=2, sections=4, attempts=3)
+        Journal.open(out, "A test book", s).close()
+        db = sqlite3.connect(path)
+        if damage == "bad-key":
+            db.execute("UPDATE meta SET value = '[not json' WHERE key = 'key'")
+        elif damage == "bad-outline":
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('outline', '{\"parts\": 3}')")
+        else:
+            db.execute("DROP TABLE nodes")
+        db.commit()
+        db.close()
+    run = subprocess.run(job_cmd("A test book", ["http://127.0.0.1:9/v1"], out, *SHAPE), capture_output=True,
+                         text=True, timeout=60, env=env())
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
+    assert "journal" in run.stderr and "--fresh" in run.stderr
+
+
+def test_credentials_in_a_backend_url_are_sent_but_never_written(tmp_path):
+    out = tmp_path / "o"
+    secret = "s3cr3t-Pa55"
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter":
+            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
+        a = book_answer(req)
+        assert a is not None
+        return a
+
+    with ScriptedServer(answer) as srv:
+        url = f"http://reader:{secret}@127.0.0.1:{srv.port}/v1"
+        run = subprocess.run(job_cmd("A test book", [url], out, *SHAPE), capture_output=True, text=True,
+                             timeout=120, env=env())
+        seen = {r.headers.get("Authorization") for r in srv.requests}
+    assert run.returncode == 0, run.stderr
+    import base64
+
+    assert seen == {"Basic " + base64.b64encode(f"reader:{secret}".encode()).decode()}
+    assert secret not in run.stdout + run.stderr
+    for p in out.iterdir():
+        assert secret.encode() not in p.read_bytes(), p.name
+    assert json.loads((out / "stats.json").read_text())["per_backend"][0]["url"] == srv.url
+
+
+async def _trip_and_probe(url: str, serving: dict) -> list[bool]:
+    from orchestrator.client import BackendClient
+    from orchestrator.config import Backend
+    from orchestrator.dispatch import Fleet
+
+    async with BackendClient(Backend(url), "scripted-model") as client:
+        fleet = Fleet([client], [4], lambda e: None, probe_interval=0.1)
+        async with anyio.create_task_group() as tg:
+            await tg.start(fleet.run)
+            for _ in range(3):  # three failures in a row take it out of rotation
+                fleet.report(client, await client.chat(client.body([{"role": "user", "content": "x"}],
+                                                                   max_tokens=8, temperature=0)))
+            states = [fleet.loads[0].healthy]
+            await anyio.sleep(1.0)  # /models answers all along, completions do not
+            states.append(fleet.loads[0].healthy)
+            serving["ok"] = True
+            with anyio.move_on_after(5):
+                while not fleet.loads[0].healthy:
+                    await anyio.sleep(0.05)
+            states.append(fleet.loads[0].healthy)
+            tg.cancel_scope.cancel()
+    return states
+
+
+def test_a_backend_rejoins_only_after_a_probe_completion_succeeds():
+    serving = {"ok": False}
+
+    def answer(req: Request) -> Answer:
+        return Answer("OK") if serving["ok"] else Answer(status=503, error="engine dead")
+
+    with ScriptedServer(answer) as srv:
+        states = anyio.run(_trip_and_probe, srv.url, serving)
+        assert srv.models_gets >= 3  # it was probed, and /models answered each time
+    assert states == [False, False, True]
