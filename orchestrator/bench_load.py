@@ -284,7 +284,9 @@ async def measure_level(
         await _sample_after(sampler, [x.url for x in targets], t1)
         tg.cancel_scope.cancel()
 
-    figures = server_counted(sampler.series, t0, t1, GENERATION_METRIC)
+    # each server's own counter name (vLLM, SGLang, llama.cpp, TGI), as the sampler found it
+    names = {u: m for u, m in sampler.metric.items() if m}
+    figures = server_counted(sampler.series, t0, t1, names or GENERATION_METRIC)
     if figures is None:
         figures = server_counted(_client_estimate_series(stats), t0, t1, "client-estimate")
     if figures is None:

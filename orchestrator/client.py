@@ -104,6 +104,8 @@ class BackendClient:
         self._session: aiohttp.ClientSession | None = None
         self._watches: set[_Watch] = set()
         self._chat_url = f"{self.url}/chat/completions"
+        self.probe_completions = 0  # probe completions sent while out of rotation (not job requests) ...
+        self.probe_failures = 0  # ... and how many of them failed (a faulty server's faults hit them too)
 
     async def __aenter__(self) -> BackendClient:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True)
@@ -143,9 +145,12 @@ class BackendClient:
                     return False
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
+        self.probe_completions += 1
         with anyio.move_on_after(PROBE_TIMEOUT_S):
             reply = await self.chat(self.body([{"role": "user", "content": "Say OK."}], max_tokens=8, temperature=0))
-            return reply.ok
+            if reply.ok:
+                return True
+        self.probe_failures += 1
         return False
 
     def body(

@@ -378,6 +378,8 @@ class _Job:
             pb["max_in_flight"] = load.max_in_flight
             pb["cap"] = load.cap
             pb["left_rotation"] = load.trips
+            pb["probe_completions"] = load.client.probe_completions
+            pb["probe_failures"] = load.client.probe_failures
         _write_stats(self.out_dir, stats, paths)
         paths["journal"] = journal.path
         journal.end_run(self.status, self.requests)
