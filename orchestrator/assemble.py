@@ -1,4 +1,4 @@
-"""Results -> Markdown in outline order.
+"""Results -> Markdown in outline order; a section the token cap stopped is cut back to its last complete sentence.
 
 ``Book`` is the frozen value the later stages (typeset, defects, report) work from.
 """
@@ -11,14 +11,19 @@ from dataclasses import dataclass
 from markdown_it import MarkdownIt
 
 from .outline import Outline
-
+from .repair import cut_back
 
 INTERRUPTED = "interrupted before it was written"
 
 
 @dataclass(frozen=True)
 class SectionText:
-    """A section as written (or not): ``error`` is set when every attempt failed; ``text`` is then ''."""
+    """A section as written (or not): ``error`` is set when every attempt failed; ``text`` is then ''.
+
+    ``text`` is the answer as generated (defects count it as the reference did); book.md prints
+    :func:`section_body`. ``repaired_from`` says why the first answer was replaced by this one (the first answer's
+    :func:`orchestrator.repair.loop_reason`, e.g. "line repeated 5 times: ..."), None when it was not.
+    """
 
     path: str
     part: str
@@ -29,6 +34,7 @@ class SectionText:
     completion_tokens: int = 0
     backend: str | None = None
     error: str | None = None
+    repaired_from: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -117,6 +123,14 @@ def close_fences(text: str) -> str:
     return text if open_fence is None else text.rstrip("\n") + "\n" + open_fence
 
 
+def section_body(s: SectionText) -> str:
+    """A written section's text as book.md prints it under its ``####`` heading: cut back to its last complete
+    sentence when the token cap stopped it (so the book never stops mid-word), its own headings demoted, a code
+    fence left open closed."""
+    text = cut_back(s.text) if s.finish_reason == "length" else s.text
+    return close_fences(demote_headings(text, drop_title=s.title))
+
+
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = "not written") -> Book:
     """Place every section under its part and chapter, in outline order. A failed section is marked visibly; a
     section absent from ``sections`` is marked with ``missing`` (INTERRUPTED when the run was stopped). A text
@@ -138,5 +152,5 @@ def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = 
                 if s.error is not None:
                     out += [f"> **This section is missing**: {s.error}", ""]
                 elif s.text.strip():
-                    out += [close_fences(demote_headings(s.text, drop_title=title)), ""]
+                    out += [section_body(s), ""]
     return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")

@@ -9,7 +9,13 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
 - unterminated blocks: written sections whose last prose line does not end in closing punctuation
   (``. ! ? : …`` or a closing quote or bracket, after trailing ``*``/``_``/backtick markup) and that do not end
   with a closed code fence; a section that ends inside an open fence is unterminated; one that ends with a
-  table row is not. ``of`` counts the written (non-empty, non-failed) sections.
+  table row is not. ``of`` counts the written (non-empty, non-failed) sections. Counted on the text as generated
+  (the reference's definition, so runs stay comparable); ``printed`` is the same measure over what book.md prints
+  (:func:`orchestrator.assemble.section_body`: a section stopped by the token cap cut back to its last complete
+  sentence).
+- looping sections: written sections whose text (the final answer, as generated) is still caught in a repetition
+  loop (:func:`orchestrator.repair.loop_reason`); ``repaired`` counts the sections whose first answer looped
+  (``repaired_from`` set) and whose final answer does not.
 - truncated sections: ``finish_reason == "length"``; empty and failed sections as the job recorded them.
 - code blocks: fenced blocks (markdown-it, so fences inside lists count), by language (first word of the info
   string, lower-cased; ``"none"`` without one); Python blocks (python, py, python3, py3) that ``ast.parse``
@@ -34,7 +40,8 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
-from .assemble import Book, SectionText, count_words, normalise_title
+from .assemble import Book, SectionText, count_words, normalise_title, section_body
+from .repair import loop_reason
 
 __all__ = ["Defects", "find_defects"]
 
@@ -64,6 +71,7 @@ class Defects:
     failed_sections: dict[str, Any]
     code_blocks: dict[str, Any]
     near_duplicate_sections: dict[str, Any]
+    looping_sections: dict[str, Any]
     words: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
@@ -75,6 +83,7 @@ class Defects:
             "failed_sections": self.failed_sections,
             "code_blocks": self.code_blocks,
             "near_duplicate_sections": self.near_duplicate_sections,
+            "looping_sections": self.looping_sections,
             "words": self.words,
         }
 
@@ -270,9 +279,24 @@ def find_defects(book: Book) -> Defects:
             unterminated.append(_ref(s, last_line=last if len(last) <= 100 else "…" + last[-99:],
                                      truncated=s.finish_reason == "length"))
     of = len(written)
+    # As printed: only a capped (cut back) or unterminated section can end differently in book.md; demoting
+    # headings and closing fences leave a terminated ending terminated, so the others need no second look.
+    printed = sum(not block_ending(section_body(s))[0] for s in written
+                  if s.finish_reason == "length" or not scans[s.path][0])
     unterminated_blocks = {
-        "count": len(unterminated), "of": of, "share": round(len(unterminated) / of, 4) if of else 0.0,
+        "count": len(unterminated), "of": of, "share": _share(len(unterminated), of),
+        "printed": {"count": printed, "of": of, "share": _share(printed, of)},
         "sections": unterminated[:LIST_LIMIT],
+    }
+
+    # loops: the final answer still looping; repaired ones (their first answer looped) that no longer do
+    looping = [{"path": s.path, "title": s.title, "reason": why} for s in written
+               if (why := loop_reason(s.text)) is not None]
+    still = {it["path"] for it in looping}
+    looping_sections = {
+        "count": len(looping),
+        "repaired": sum(1 for s in written if s.repaired_from is not None and s.path not in still),
+        "sections": looping[:LIST_LIMIT],
     }
 
     # code
@@ -334,8 +358,13 @@ def find_defects(book: Book) -> Defects:
         failed_sections=_listing([_ref(s, error=s.error) for s in sections if s.failed]),
         code_blocks=code,
         near_duplicate_sections=near,
+        looping_sections=looping_sections,
         words=words,
     )
+
+
+def _share(count: int, of: int) -> float:
+    return round(count / of, 4) if of else 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -351,6 +380,8 @@ def _quote(text: str) -> str:
 
 def _markdown(d: Defects, worst: int) -> str:
     u = d.unterminated_blocks
+    up = u["printed"]
+    lp = d.looping_sections
     c = d.code_blocks
     w = d.words
     langs = ", ".join(f"{k} {v:,}" for k, v in list(c["by_language"].items())[:8]) or "none"
@@ -358,6 +389,7 @@ def _markdown(d: Defects, worst: int) -> str:
         ("duplicate section titles", (f"{d.duplicate_section_titles['count']:,} titles occur more than once "
                                      f"({d.duplicate_section_titles['sections']:,} sections)")),
         ("unterminated blocks", f"{u['count']:,} of {u['of']:,} ({u['share']:.1%})"),
+        ("unterminated blocks as printed in book.md", f"{up['count']:,} of {up['of']:,} ({up['share']:.1%})"),
         ("truncated sections (finish_reason \"length\")", f"{d.truncated_sections['count']:,}"),
         ("empty sections", f"{d.empty_sections['count']:,}"),
         ("failed sections", f"{d.failed_sections['count']:,}"),
@@ -366,6 +398,7 @@ def _markdown(d: Defects, worst: int) -> str:
                                             f"{c['python_syntax_errors']['of']:,}")),
         ("unclosed code fences", f"{c['unclosed_fences']['count']:,}"),
         ("near-duplicate section pairs", f"{d.near_duplicate_sections['count']:,}"),
+        ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired"),
         ("words", f"{w['total']:,} in all; per section mean {w['mean']:,}, min {w['min']:,}, max {w['max']:,}"),
     ]
     out = ["# Defect report", "", "| defect | count |", "|---|---|"]
@@ -395,6 +428,11 @@ def _markdown(d: Defects, worst: int) -> str:
     section_list("Unterminated blocks", u["sections"], u["count"],
                  lambda it: f"; ends {_quote(it['last_line'])}" + (" (truncated)" if it.get("truncated") else ""))
     section_list("Truncated sections", d.truncated_sections["sections"], d.truncated_sections["count"])
+    if lp["sections"]:
+        shown = lp["sections"][:worst]
+        out.extend(["", "## Looping sections" + (f" (first {len(shown)} of {lp['count']:,})"
+                                                 if lp["count"] > len(shown) else ""), ""])
+        out += [f"- **{it['path']}** {_md_escape(it['title'])}: {_md_escape(it['reason'])}" for it in shown]
     section_list("Python blocks failing ast.parse", c["python_syntax_errors"]["sections"],
                  len(c["python_syntax_errors"]["sections"]),
                  lambda it: f" ({it['blocks']} block{'s' if it['blocks'] > 1 else ''})")

@@ -1,6 +1,8 @@
 """assemble: outline order, demoted headings, closed fences, failed sections marked."""
 
-from orchestrator.assemble import SectionText, assemble, close_fences, demote_headings
+import dataclasses
+
+from orchestrator.assemble import SectionText, assemble, close_fences, demote_headings, section_body
 from orchestrator.outline import Chapter, Outline, Part
 
 
@@ -32,3 +34,29 @@ def test_assemble_places_every_section_in_outline_order():
     assert "This section is missing" in md and "HTTP 500" in md
     assert [s.path for s in book.sections] == ["1.1.1", "1.1.2", "2.1.1"]
     assert book.sections[1].failed
+
+
+def test_section_text_fields_keep_their_order_and_repaired_from_comes_last():
+    names = [f.name for f in dataclasses.fields(SectionText)]
+    assert names == ["path", "part", "chapter", "title", "text", "finish_reason", "completion_tokens", "backend",
+                     "error", "repaired_from"]
+    s = SectionText("1.1.1", "P", "C", "T", "x")
+    assert s.repaired_from is None
+    assert dataclasses.replace(s, repaired_from="loop: line repeated 5 times").repaired_from.startswith("loop")
+
+
+def test_a_section_stopped_by_the_cap_is_cut_back_in_the_book():
+    outline = Outline("Book", (Part("P1", (Chapter("C1", ("S1", "S2", "S3")),)),))
+    capped = "It works. It scales to many users with the righ"
+    in_code = "Intro text.\n\nSee:\n\n```python\nclass A:\n    def f(self):\n        return ("
+    sections = {
+        "1.1.1": SectionText("1.1.1", "P1", "C1", "S1", capped, "length"),
+        "1.1.2": SectionText("1.1.2", "P1", "C1", "S2", in_code, "length"),
+        "1.1.3": SectionText("1.1.3", "P1", "C1", "S3", capped, "stop"),  # not the cap: printed as written
+    }
+    md = assemble(outline, sections).markdown
+    assert "It works.\n\n#### S2" in md
+    assert "Intro text.\n\n#### S3" in md  # the broken snippet and its lead-in are cut
+    assert md.rstrip().endswith("with the righ")
+    assert [s.text for s in assemble(outline, sections).sections] == [capped, in_code, capped]  # raw text kept
+    assert section_body(sections["1.1.1"]) == "It works."

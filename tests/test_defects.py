@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from orchestrator.assemble import Book, SectionText, assemble, count_words
+from orchestrator.assemble import Book, SectionText, assemble, count_words, section_body
 from orchestrator.defects import Defects, block_ending, find_defects, near_duplicates, scan_block
 from orchestrator.outline import Chapter, Outline, Part
 
 DESIGN_KEYS = {
     "duplicate_section_titles", "unterminated_blocks", "truncated_sections", "empty_sections", "failed_sections",
-    "code_blocks", "near_duplicate_sections", "words",
+    "code_blocks", "near_duplicate_sections", "looping_sections", "words",
 }
 
 _VOCAB = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "queue", "cache", "index", "schema", "retry", "token", "thread", "lock", "build", "test", "deploy"]
@@ -89,12 +89,18 @@ def crafted() -> tuple[Book, dict]:
         ("Copies B", dup_text.replace("Alpha", "Beta", 1) + " One more sentence here.", {}),
         ("REPL", prose(7) + "\n\n```py\n>>> x = 1\n>>> x + 1\n2\n```", {}),                     # REPL parses
         ("Lists", prose(8) + "\n\n- first item\n- second item", {}),                           # unterminated
+        ("Looping", "Commit often.\n\n" + "Write clear commit messages for every change.\n" * 20, {}),  # loops
+        ("Repaired", prose(9), {"repaired_from": "loop: line repeated 9 times: 'x y z w'"}),  # loop repaired
+        ("Repair failed", "Tests first.\n\n" + "- Run the whole test suite before you push.\n" * 20,
+         {"repaired_from": "loop: line repeated 20 times"}),                                    # still loops
     ]
     book = make(specs)
     written = [s for s in book.sections if not s.failed and not s.empty]
     expected = {
         "duplicates": 2, "duplicate_sections": 5,
         "unterminated": 3, "of": len(written),
+        "printed_unterminated": 1,  # the two truncated ones are cut back to a sentence in book.md; "Lists" is not
+        "looping": 2, "repaired": 1,
         "truncated": 2, "empty": 1, "failed": 1,
         "code": 6, "by_language": {"python": 3, "bash": 1, "none": 1, "py": 1},
         "py_errors": 2, "py_of": 4, "unclosed": 1, "near": 1,
@@ -120,6 +126,16 @@ def test_crafted_book_counts():
     assert (u["count"], u["of"]) == (exp["unterminated"], exp["of"])
     assert u["share"] == round(exp["unterminated"] / exp["of"], 4)
     assert {s["title"] for s in u["sections"]} == {"error handling!", "Caching", "Lists"}
+    assert u["printed"] == {"count": exp["printed_unterminated"], "of": exp["of"],
+                            "share": round(exp["printed_unterminated"] / exp["of"], 4)}
+    written = [s for s in book.sections if not s.failed and not s.empty]
+    assert u["printed"]["count"] == sum(not block_ending(section_body(s))[0] for s in written)  # every one looked at
+
+    lp = j["looping_sections"]
+    assert (lp["count"], lp["repaired"]) == (exp["looping"], exp["repaired"])
+    assert [s["title"] for s in lp["sections"]] == ["Looping", "Repair failed"]
+    assert set(lp["sections"][0]) == {"path", "title", "reason"}
+    assert "repeated 20 times" in lp["sections"][0]["reason"]
 
     assert j["truncated_sections"]["count"] == exp["truncated"]
     assert [s["path"] for s in j["truncated_sections"]["sections"]] == ["1.1.2", "1.2.3"]
@@ -154,6 +170,9 @@ def test_markdown_report_shows_counts_and_first_lines():
     assert md.startswith("# Defect report")
     assert f"| unterminated blocks | {exp['unterminated']} of {exp['of']} (" in md
     assert "| failed sections | 1 |" in md
+    assert f"| unterminated blocks as printed in book.md | {exp['printed_unterminated']} of {exp['of']} (" in md
+    assert f"| looping sections | {exp['looping']} still looping; {exp['repaired']} repaired |" in md
+    assert "## Looping sections" in md and "Repair failed" in md
     assert "## Unterminated blocks" in md and "It just stops" in md
     assert "## Near-duplicate sections" in md and "Copies A" in md
     assert "## Failed sections" in md and "HTTP 500" in md
@@ -170,6 +189,8 @@ def test_clean_book_has_no_defects():
     assert j["code_blocks"]["python_syntax_errors"]["count"] == 0
     assert j["code_blocks"]["unclosed_fences"]["count"] == 0
     assert j["near_duplicate_sections"]["count"] == 0
+    assert j["looping_sections"] == {"count": 0, "repaired": 0, "sections": []}
+    assert j["unterminated_blocks"]["printed"]["count"] == 0
     for key in ("truncated_sections", "empty_sections", "failed_sections"):
         assert j[key] == {"count": 0, "sections": []}
 
@@ -187,3 +208,18 @@ def test_near_duplicates_find_identical_groups_and_are_fast():
     assert time.perf_counter() - t < 10  # seconds, not minutes (about one on an idle core)
     found = {(i, j) for i, j, _, _ in pairs}
     assert found == {(10, 500), (10, 1500), (500, 1500), (700, 701)}
+
+
+def test_printed_measure_follows_book_md():
+    """A truncated section is unterminated as generated and terminated as printed, unless nothing complete exists."""
+    cut_mid_sentence = prose(20) + " And then it st"
+    no_sentence = "words and words with no end at all"
+    book = make([
+        ("Cut", cut_mid_sentence, {"finish_reason": "length"}),
+        ("Nothing to cut to", no_sentence, {"finish_reason": "length"}),
+        ("Stopped", prose(21) + " But it st", {"finish_reason": "stop"}),  # not the cap: printed as written
+    ])
+    u = find_defects(book).to_json()["unterminated_blocks"]
+    assert (u["count"], u["of"]) == (3, 3)
+    assert u["printed"] == {"count": 2, "of": 3, "share": round(2 / 3, 4)}
+    assert "And then it st" not in book.markdown and "But it st" in book.markdown

@@ -1,0 +1,414 @@
+"""Loops, truncation and title debris: the judgements the runner, assemble and our checks make about model output.
+
+Pure: no I/O, no clock. Three questions:
+
+- :func:`loop_reason`: is a section caught in a repetition loop (a small model at temperature 0 writing the same
+  line until the token cap)? The runner asks again once when it is; defects count what still loops.
+- :func:`cut_back`: a section the token cap stopped, cut back to its last complete sentence, list item, table
+  row or code block, so book.md never stops mid-word.
+- :func:`title_debris`: is an outline title debris (the prompt echoed back, markup, numbering, a date, a file
+  name, a copy of a parent) rather than a title?
+
+Every threshold below was calibrated on the simulator's published-take book (8 x 12 x 16 sections, 250 words,
+520-token cap; tests/test_repair.py regenerates it): none of its 1,536 sections loops and none of its 1,641
+titles is debris (nor any of the 1.3 million titles its banks can make), while the loops and debris reported from
+SmolLM2-135M on the embedded engine are caught (tests/test_repair.py has them).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["cut_back", "loop_reason", "title_debris"]
+
+# ---------------------------------------------------------------------------------------------------------------
+# loops
+
+# A prose line of 4+ words seen 3 times is a loop: sentences do not recur verbatim in prose (the simulator's
+# book never repeats one; its most repeated line is a code lead-in, twice).
+LINE_REPEATS = 3
+LINE_MIN_WORDS = 4
+# Shorter lines and lead-ins ("For example:", "##### Pros", "Output:") recur legitimately; a loop runs to the
+# cap, so a 1-word heading loop ("##### 2023") repeats dozens of times and 6 still catches it early.
+SHORT_LINE_REPEATS = 6
+# The same line with its numbers ignored ("Handbook. 6.3", "Handbook. 6.4", ...): a numbered loop. Six, since a
+# legitimate list can differ only in its numbers ("- Version 1.0 released in 2019") three or four times.
+NUMBERED_LINE_REPEATS = 6
+# Code repeats short lines by nature (`}`, `return None`, `@property`): only lines of 3+ words count, from 4.
+CODE_LINE_REPEATS = 4
+CODE_LINE_MIN_WORDS = 3
+# A paragraph (one line, 25+ words) written twice: a long unit loops only 2-3 times before the 520-token cap. The
+# simulator's repeated lines are code lead-ins of at most 14 words.
+PARAGRAPH_WORDS = 25
+# "A 6-word run repeated 4+ times" (the issue's rule) fires on 66 of the simulator's 1,536 sections: a section
+# names its own title (up to 9 words in the simulator) in prose 4-6 times. A loop repeats its whole unit with the
+# same continuation, so the run must be 12 words: the simulator's most repeated 12-word run occurs twice.
+RUN_WORDS = 12
+RUN_REPEATS = 4
+# zlib compressed/raw size, prose and code apart (prose would hide a code loop). Book prose compresses to
+# 0.43-0.58 (the simulator's: 0.46 at least), terse reference documentation (Node's API docs) to 0.20-0.35; the
+# looping examples of tests/test_repair.py to 0.03-0.19, but a long paragraph looping 2-3 times only to 0.3 (the
+# paragraph rule catches it). Real source code reaches 0.12 in 2,000-character windows of the standard library
+# (0.37 typical), hence a lower bound for code; code looping to the cap: 0.02-0.06. Below RATIO_MIN_CHARS zlib's
+# own overhead dominates.
+PROSE_RATIO = 0.2
+CODE_RATIO = 0.1
+RATIO_MIN_CHARS = 400
+
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+_WORDS = re.compile(r"\w+")
+_ALNUM = re.compile(r"[^\W_]")
+_LINE_MARKUP = re.compile(r"^(?:\s*(?:#{1,6}|>|[-*+•]|\d+[.)]))+\s*")  # headings, quotes, list markers
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A section's lines sorted by what they are: prose, or code-like (fenced code and table rows)."""
+
+    prose: tuple[str, ...]
+    code: tuple[str, ...]
+
+
+def _split(text: str) -> _Split:
+    prose: list[str] = []
+    code: list[str] = []
+    fence: str | None = None
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if fence is None:
+            if m and not (m.group(2)[0] == "`" and "`" in m.group(3)):
+                fence = m.group(2)
+            elif line.lstrip().startswith("|"):
+                code.append(line)  # table cells repeat ("| Yes | No |") as code lines do
+            else:
+                prose.append(line)
+        elif m and m.group(2)[0] == fence[0] and len(m.group(2)) >= len(fence) and not m.group(3).strip():
+            fence = None
+        else:
+            code.append(line)
+    return _Split(tuple(prose), tuple(code))
+
+
+def _norm_line(line: str) -> str:
+    return " ".join(_LINE_MARKUP.sub("", line).split()).lower()
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _is_lead_in(norm: str) -> bool:
+    return norm.rstrip("*_ ").endswith(":")
+
+
+def _line_loop(split: _Split) -> str | None:
+    raw: dict[str, str] = {}  # normalised line -> its first occurrence, to quote
+    for line in split.prose:
+        raw.setdefault(_norm_line(line), line.strip())
+    prose = Counter(n for n in map(_norm_line, split.prose) if _ALNUM.search(n))
+    for line, k in prose.most_common():
+        words = len(_WORDS.findall(line))
+        if words >= PARAGRAPH_WORDS and k >= 2:
+            return f"paragraph repeated {k} times: {_quote(raw[line])}"
+        long_line = words >= LINE_MIN_WORDS and not _is_lead_in(line)
+        if k >= (LINE_REPEATS if long_line else SHORT_LINE_REPEATS):
+            return f"line repeated {k} times: {_quote(raw[line])}"
+    numbered = Counter(_DIGITS.sub("0", n) for n in prose.elements()
+                       if len(_WORDS.findall(n)) >= LINE_MIN_WORDS and _DIGITS.search(n))
+    for line, k in numbered.most_common(1):
+        if k >= NUMBERED_LINE_REPEATS:
+            first = next(raw[n] for n in prose if _DIGITS.sub("0", n) == line)
+            return f"line repeated {k} times with only its numbers changed: {_quote(first)}"
+    code = Counter(n for n in (" ".join(c.split()) for c in split.code)
+                   if len(_WORDS.findall(n)) >= CODE_LINE_MIN_WORDS)
+    for line, k in code.most_common(1):
+        if k >= CODE_LINE_REPEATS:
+            return f"code line repeated {k} times: {_quote(line)}"
+    return None
+
+
+def _run_loop(split: _Split) -> str | None:
+    words = _WORDS.findall("\n".join(split.prose).lower())
+    if len(words) < RUN_WORDS * RUN_REPEATS:
+        return None
+    runs = Counter(tuple(words[i : i + RUN_WORDS]) for i in range(len(words) - RUN_WORDS + 1))
+    run, k = runs.most_common(1)[0]
+    if k >= RUN_REPEATS:
+        return f"{RUN_WORDS}-word run repeated {k} times: {_quote(' '.join(run))}"
+    return None
+
+
+def _ratio(text: str) -> float | None:
+    raw = text.encode()
+    if len(raw) < RATIO_MIN_CHARS:
+        return None
+    return len(zlib.compress(raw, 9)) / len(raw)
+
+
+def _compression_loop(split: _Split) -> str | None:
+    prose = _ratio("\n".join(split.prose))
+    if prose is not None and prose < PROSE_RATIO:
+        return f"prose compresses to {prose:.3f} of its size (prose: {PROSE_RATIO} or more)"
+    code = _ratio("\n".join(split.code))
+    if code is not None and code < CODE_RATIO:
+        return f"code compresses to {code:.3f} of its size (code: {CODE_RATIO} or more)"
+    return None
+
+
+def loop_reason(text: str) -> str | None:
+    """Why ``text`` is caught in a repetition loop, or None when it is not.
+
+    The reason reads like "line repeated 40 times: '##### 2023'" (the runner keeps it as the re-asked section's
+    ``repaired_from``). Rules, the first that fires wins:
+
+    - a prose line repeated: 3+ times for a line of 4+ words, 6+ times for a shorter line or a lead-in ending in
+      ":"; 6+ times with only its numbers changed; a paragraph of 25+ words twice. Lines are compared without
+      heading, quote and list markers, case or spacing; lines with no letter or digit are ignored;
+    - a fenced code or table line of 3+ words repeated 4+ times (code legitimately repeats `}` or `return x`);
+    - a 12-word run of prose repeated 4+ times (a sentence looping inside one paragraph);
+    - text that compresses far better than prose: prose to under 0.2 of its size, or code (fenced and table
+      lines) to under 0.1 (zlib), from 400 characters on.
+    """
+    split = _split(text)
+    return _line_loop(split) or _run_loop(split) or _compression_loop(split)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cutting a truncated section back
+
+# A sentence ends at . ! ? or … followed by closing quotes, brackets or emphasis, then a space or the line's end.
+_SENTENCE_END = re.compile(r"[.!?…][\"'”’»)\]*_`]*(?=\s|$)")
+# Abbreviations whose period does not end a sentence ("e.g. a cache").
+_ABBREVIATIONS = frozenset({"e.g", "i.e", "vs", "cf", "mr", "mrs", "ms", "dr", "st", "no", "fig", "approx", "incl",
+                            "al", "resp", "eq", "ca"})
+_ATX = re.compile(r"^\s{0,3}#{1,6}(?:\s|$)")
+_BOLD_LINE = re.compile(r"^\s*(?:\*\*|__)([^*_]+)(?:\*\*|__):?\s*$")
+_SETEXT_UNDERLINE = re.compile(r"^\s{0,3}(?:=+|-+)\s*$")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+\S")
+_LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
+_TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?\s*$")
+# A code line that goes on in the next one: an operator, an opening bracket, a comma or a backslash at its end.
+_CONTINUES = re.compile(r"(?:[,\\(\[{=+\-*/%&|<>:.]|&&|\|\||->|=>)\s*$")
+
+
+def _sentence_ends(line: str) -> list[int]:
+    """Offsets in ``line`` just after each sentence end; a list marker ("1.") and abbreviations are not ends."""
+    body_start = m.end() if (m := _LIST_MARKER.match(line)) else 0
+    ends = []
+    for m in _SENTENCE_END.finditer(line, body_start):
+        before = line[body_start : m.start()].split()
+        word = before[-1].lower().lstrip("(\"'“‘*_") if before else ""
+        if not word or word in _ABBREVIATIONS:
+            continue
+        ends.append(m.end())
+    return ends
+
+
+def _balanced(code: str) -> bool:
+    depth = 0
+    for ch in code:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+    return depth == 0
+
+
+def _code_stands_alone(lang: str, lines: list[str]) -> bool:
+    """Whether the code written before the cap reads as a whole snippet: Python that parses; other code with
+    balanced brackets whose last line does not go on."""
+    code = "\n".join(lines)
+    if not code.strip():
+        return False
+    if lang in ("python", "py", "python3", "py3"):
+        try:
+            ast.parse(code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return False
+        return True
+    return _balanced(code) and not _CONTINUES.search(lines[-1].rstrip())
+
+
+def _is_heading(lines: list[str], i: int) -> bool:
+    """An ATX heading, a setext heading's text, or a bold-only line that is not a sentence ("**Example**")."""
+    line = lines[i]
+    if _ATX.match(line):
+        return True
+    if i + 1 < len(lines) and _SETEXT_UNDERLINE.match(lines[i + 1]) and line.strip() and not _LIST_ITEM.match(line):
+        return True
+    m = _BOLD_LINE.match(line)
+    return bool(m) and not m.group(1).rstrip().endswith((".", "!", "?", "…"))
+
+
+def _drop_trailing_headings(text: str) -> str:
+    """``text`` without the headings (and blank lines and rules) at its end: a heading with nothing under it."""
+    lines = text.rstrip().split("\n")
+    while lines:
+        last = lines[-1]
+        if not last.strip() or _ATX.match(last) or _is_heading(lines, len(lines) - 1):
+            lines.pop()
+        elif _SETEXT_UNDERLINE.match(last):
+            lines.pop()  # a rule, or a setext heading's underline (its text goes next round)
+            if lines and lines[-1].strip() and not _LIST_ITEM.match(lines[-1]):
+                lines.pop()
+        else:
+            break
+    return "\n".join(lines).rstrip()
+
+
+def cut_back(text: str) -> str:
+    """A section stopped by the token cap (finish_reason "length"), cut back so it ends cleanly.
+
+    It ends after the last complete sentence (". ! ? …", closing quotes or brackets after them; "e.g." and the
+    like are not ends), complete list item, table row or closed code block, whichever comes last. The last line is
+    the one the cap cut, so it is complete only up to a sentence end inside it.
+
+    When the cap fell inside a code block, the block is kept up to its last complete line, and its fence closed,
+    only when that code stands alone (Python that parses; other code with balanced brackets and a last line that
+    does not go on); otherwise the cut is made before the block, because half a function reads worse than none.
+    The lead-in that announced the dropped block ("Consider the following code:") goes with it, since a lead-in
+    is not a sentence end.
+
+    Headings left with nothing under them at the end are dropped. When there is no complete sentence, item, row
+    or block at all, the text is kept as it is (only its trailing headings dropped and an open fence closed):
+    something is better than nothing.
+    """
+    lines = text.split("\n")
+    complete_upto = len(lines) if text.endswith("\n") else len(lines) - 1  # lines[i] complete iff i < complete_upto
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+
+    best: int | None = None  # offset to cut at
+    closing = ""  # a fence to append after the cut
+    fence: tuple[str, str, str, int] | None = None  # (indent, mark, language, first code line)
+    in_table = False
+    for i, line in enumerate(lines):
+        m = _FENCE.match(line)
+        if fence is not None:
+            if m and m.group(2)[0] == fence[1][0] and len(m.group(2)) >= len(fence[1]) and not m.group(3).strip():
+                best, closing = starts[i] + len(line.rstrip()), ""  # a closed block, even on the cut line
+                fence = None
+            continue
+        if m and not (m.group(2)[0] == "`" and "`" in m.group(3)):
+            info = m.group(3).strip().split()
+            fence = (m.group(1), m.group(2), info[0].lower() if info else "", i + 1)
+            in_table = False
+            continue
+        stripped = line.strip()
+        if stripped.startswith("|"):
+            if _TABLE_SEPARATOR.match(stripped):
+                in_table = True
+            elif in_table and i < complete_upto:
+                best, closing = starts[i] + len(line.rstrip()), ""
+            continue
+        in_table = False
+        if not stripped or _is_heading(lines, i):
+            continue
+        if _LIST_ITEM.match(line) and i < complete_upto:
+            best, closing = starts[i] + len(line.rstrip()), ""
+            continue
+        ends = _sentence_ends(line)
+        if ends:
+            best, closing = starts[i] + ends[-1], ""
+    if fence is not None:
+        indent, mark, lang, first = fence
+        body = lines[first:complete_upto]
+        while body and not body[-1].strip():
+            body.pop()
+        if body and _code_stands_alone(lang, body):
+            last = first + len(body) - 1
+            best, closing = starts[last] + len(lines[last].rstrip()), "\n" + indent + mark
+    if best is None:
+        kept = _drop_trailing_headings(text) or text.rstrip()
+        return _close_open_fence(kept)
+    return _drop_trailing_headings(text[:best] + closing) or (text[:best] + closing).rstrip()
+
+
+def _close_open_fence(text: str) -> str:
+    fence: tuple[str, str] | None = None
+    for line in text.split("\n"):
+        m = _FENCE.match(line)
+        if not m:
+            continue
+        if fence is None:
+            if not (m.group(2)[0] == "`" and "`" in m.group(3)):
+                fence = (m.group(1), m.group(2))
+        elif m.group(2)[0] == fence[1][0] and len(m.group(2)) >= len(fence[1]) and not m.group(3).strip():
+            fence = None
+    return text if fence is None else text + "\n" + fence[0] + fence[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# title debris
+
+MAX_TITLE_WORDS = 12  # a longer "title" is a sentence: the longest of the simulator's 1,641 has 9 words
+
+# Words of our planning prompts a small model echoes back as if they were titles (templates/prompts/*.j2).
+_PROMPT_ECHOES = frozenset({
+    "items", "item", "title", "titles", "json", "book", "book title", "part", "parts", "chapter", "chapters",
+    "section", "sections", "section titles", "chapter titles", "part titles", "in reading order",
+    "reading order", "numbered list", "nothing else", "none", "null", "n a", "untitled", "string", "array",
+    "object", "example", "name", "topic", "heading", "subtitle", "request", "outline",
+})
+_PROMPT_PHRASES = re.compile(r"\bin reading order\b|\bexactly \d+\b|\bone per line\b|\bnumbered list\b", re.I)
+_LABEL = re.compile(r"^\W*(?:book\s+)?(?:title|items?|titles|book|name|part|chapter|section|heading|subtitle|"
+                    r"topic)s?\s*(?:\[\d*\]|\d+)?\s*[:=]", re.I)
+_PLACEHOLDER = re.compile(r"^(?:part|chapter|section|item|title|topic|heading|subtitle|name)"
+                          r"(?:\s+(?:\d+(?:\.\d+)*|[ivxlc]+|[a-z]))?$", re.I)
+_NUMBERED_LABEL = re.compile(r"^(?:part|chapter|section)\s+(?:\d+|[ivxlc]+)\s*[:.\-–—]", re.I)
+# JSON and Markdown syntax; not "__init__", "C#" or "->", which are topics' own spelling
+_MARKUP = re.compile(r"[{}\[\]\"\\]|\*\*|</?[A-Za-z][^>]*>|^\s*(?:#|[-*+•]\s|>)|`{3}")
+# "1. Basics", "5.5 Caching", "(2) Logs" but not "10 Habits of ..." or "2023 in Review"
+_LEADING_NUMBER = re.compile(r"^\s*(?:\d+(?:\.\d+)+\.?|\d+[.)]|\(\d+\))(?:\s|$)")
+_TRAILING_NUMBER = re.compile(r"(?:[.:;,]\s*\d+(?:\.\d+)*|\(\d+\))\s*$")
+_DATE = re.compile(r"\b\d{4}-\d{1,2}-\d{1,3}\b|\b\d{1,2}:\d{2}(?::\d{2})?\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b")
+_DOCUMENT = re.compile(r"\.(?:pdf|docx?|epub|txt|odt|rtf)\b", re.I)
+# A whole title that is a data or document file; not source or configuration files, which are topics of their own
+# ("pyproject.toml", "setup.py", "Node.js").
+_FILE_NAME = re.compile(r"^[\w.-]+\.(?:md|json|csv|html?|xml|png|jpe?g|gif|svg|zip|gz|tar|log)$", re.I)
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def _norm_title(title: str) -> str:
+    return re.sub(r"[^\w]+", " ", title.lower()).strip()
+
+
+def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[str] = ()) -> str | None:
+    """Why ``title`` is debris rather than an outline title, or None when it is a title.
+
+    ``ancestors`` are the titles above it (the book's, its part's, its chapter's); ``siblings`` the titles before
+    it under the same parent, in reading order. Debris: prompt words echoed back ("Title: ...", "items", "JSON",
+    "in reading order"), markup and JSON fragments, numbering ("5.5", "Handbook. 6.3", "(2)"), dates and
+    timestamps, file names ("book.pdf"), a copy of an ancestor's title, a line of more than 12 words, a
+    placeholder ("Section 3"), a title with no letter, and a repeat of an earlier sibling. Titles that merely
+    contain digits, slashes or a version ("HTTP/2 and gRPC", "Python 3.12 Features", "The 12-Factor App") pass.
+
+    Stricter than :func:`orchestrator.plan.weak_title` (the planner's gate, which must also salvage a book from a
+    small model's replies): this one is the quality checker's, applied to the finished outline.
+    """
+    t = " ".join(title.split())
+    n = _norm_title(t)
+    checks = (
+        (not t or not _LETTER.search(t), "no letters: not a title"),
+        (bool(_DATE.search(t)), "a date or a time"),
+        (bool(_LEADING_NUMBER.search(t) or _TRAILING_NUMBER.search(t) or _NUMBERED_LABEL.match(t)), "numbering"),
+        (n in _PROMPT_ECHOES or bool(_PROMPT_PHRASES.search(t)) or bool(_LABEL.match(t)), "prompt words echoed"),
+        (bool(_MARKUP.search(t)), "markup or JSON fragment"),
+        (bool(_DOCUMENT.search(t) or _FILE_NAME.match(t)), "a file name"),
+        (bool(_PLACEHOLDER.match(t)), "a placeholder"),
+        (len(t.split()) > MAX_TITLE_WORDS, f"over {MAX_TITLE_WORDS} words"),
+        (t.endswith((":", ",", ";")) or t.startswith((":", ",", ";")), "a fragment"),
+        (n in {_norm_title(a) for a in ancestors}, "a copy of a parent's or the book's title"),
+        (n in {_norm_title(s) for s in siblings}, "a repeat of an earlier title under the same parent"),
+    )
+    for hit, why in checks:
+        if hit:
+            return f"{why}: {_quote(t)}"
+    return None
