@@ -160,7 +160,10 @@ class BackendClient:
         max_tokens: int,
         temperature: float,
         schema: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """A streamed chat request. ``sampling``: further fields of the model profile (top_p,
+        repetition_penalty, frequency_penalty), sent only when set."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -170,6 +173,8 @@ class BackendClient:
             "stream_options": {"include_usage": True},
             "chat_template_kwargs": {"enable_thinking": False},
         }
+        if sampling:
+            body.update(sampling)
         if schema is not None:
             body["response_format"] = {
                 "type": "json_schema",

@@ -54,7 +54,7 @@ class Settings:
     sections: int = 16
     words: int = 250
     max_tokens: int = 520
-    temperature: float = 0.0
+    temperature: float | None = None  # None: the model profile's (0 for the reference profile)
     cap: int = 256
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)  # never printed, never journaled
@@ -69,6 +69,15 @@ class Settings:
     metrics_interval_s: float = 0.5
     interrupt_grace_s: float = 5.0  # after the first Ctrl-C, how long requests in flight may still finish
     all_down_timeout_s: float = 30.0  # every backend out of rotation this long -> stop (exit 3)
+    # How the model is asked (orchestrator/profiles.py): "auto" picks a profile by model name; each field below
+    # left at None takes the profile's value, and set, overrides it.
+    profile: str = "auto"
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    system: str | None = None
+    planning: str | None = None  # "json" or "list"
+    finish_truncated: bool = False  # one short continuation request for a section stopped by the token cap
 
     def __post_init__(self) -> None:
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):
@@ -78,10 +87,18 @@ class Settings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
                 raise ConfigError(f"{name} must be a non-negative number of seconds, got {v!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
-            raise ConfigError(f"temperature must be a number, got {self.temperature!r}")
-        if not 0 <= self.temperature <= 2:
-            raise ConfigError(f"temperature must be between 0 and 2, got {self.temperature}")
+        _check_number("temperature", self.temperature, 0, 2)
+        _check_number("top_p", self.top_p, 0, 1, low_open=True)
+        _check_number("repetition_penalty", self.repetition_penalty, 0, 3, low_open=True)
+        _check_number("frequency_penalty", self.frequency_penalty, -2, 2)
+        from .profiles import PLANNING_STYLES, PROFILE_NAMES
+
+        if self.profile not in PROFILE_NAMES:
+            raise ConfigError(f"profile must be one of {', '.join(PROFILE_NAMES)}; got {self.profile!r}")
+        if self.planning is not None and self.planning not in PLANNING_STYLES:
+            raise ConfigError(f"planning must be one of {', '.join(PLANNING_STYLES)}; got {self.planning!r}")
+        if self.system is not None and not isinstance(self.system, str):
+            raise ConfigError(f"system must be text, got {self.system!r}")
         formats = tuple(self.formats)
         bad = [f for f in formats if f not in ("md", "html", "pdf")]
         if bad or not formats:
@@ -103,6 +120,10 @@ class Settings:
             "temperature": self.temperature,
             "plan_max_tokens": self.plan_max_tokens,
             "templates": self.templates,
+            # only when set, so that journals written before profiles existed still resume
+            **{k: getattr(self, k) for k in ("top_p", "repetition_penalty", "frequency_penalty", "system",
+                                              "planning") if getattr(self, k) is not None},
+            **({"profile": self.profile} if self.profile != "auto" else {}),
         }
 
     def public(self) -> dict[str, Any]:
@@ -127,11 +148,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_tokens": 520,
         "temperature": 0.0,
         "cap": 256,
+        "profile": "reference",  # the reference's prompts and sampling, whatever the model
     },
 }
 
 SETTING_NAMES = {f.name for f in fields(Settings)}
 JOB_KEYS = SETTING_NAMES | {"prompt", "backends", "backend", "out", "format", "preset"}
+
+
+def _check_number(name: str, v: Any, low: float, high: float, *, low_open: bool = False) -> None:
+    """None (not set) or a number in [low, high] (or (low, high] with ``low_open``)."""
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"{name} must be a number, got {v!r}")
+    if not (low < v <= high if low_open else low <= v <= high):
+        raise ConfigError(f"{name} must be between {low:g} and {high:g}, got {v}")
 
 
 def check_positive_int(name: str, value: Any) -> None:

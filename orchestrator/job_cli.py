@@ -12,6 +12,7 @@ import anyio
 
 from .config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
 from .errors import TYPESET_FAILED_EXIT, ConfigError
+from .profiles import PLANNING_STYLES, PROFILE_NAMES
 
 SHAPE = ("parts", "chapters", "sections")
 LOCAL_DEFAULT_SHAPE = {"parts": 3, "chapters": 3, "sections": 4}
@@ -50,7 +51,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sections", type=positive_int, help="sections per chapter (default 16)")
     p.add_argument("--words", type=positive_int, help="target words per section (default 250)")
     p.add_argument("--max-tokens", type=positive_int, help="output-token cap per section request (default 520)")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default 0)")
+    p.add_argument("--temperature", type=float,
+                   help="sampling temperature (default: the model profile's; 0 for the reference profile)")
+    p.add_argument("--profile", choices=PROFILE_NAMES,
+                   help="how the model is asked: reference (the published run's prompts, temperature 0), small "
+                   "(few-shot lists, a system message, temperature 0.3, repetition penalty: measured on the "
+                   "embedded 135M model), or auto (default: small for small models, else reference)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling (default: the profile's / the server's)")
+    p.add_argument("--repetition-penalty", type=float, help="vLLM repetition_penalty (1 = off)")
+    p.add_argument("--frequency-penalty", type=float, help="OpenAI frequency_penalty (0 = off)")
+    p.add_argument("--system", metavar="TEXT", help="a system message sent with every request")
+    p.add_argument("--planning", choices=PLANNING_STYLES,
+                   help="json: JSON-schema title lists; list: few-shot numbered lists (small models)")
+    p.add_argument("--finish-truncated", action="store_true",
+                   help="finish a section stopped by the token cap with one short continuation request "
+                   "(default: cut it back to its last complete sentence in book.md)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="published-take: every setting of the reference run")
     p.add_argument("--config", metavar="FILE.toml", help="a job file; flags override it")
     p.add_argument("--out", metavar="DIR", help="output directory (default ./handbook-out/<slug of the prompt>)")
@@ -89,7 +104,9 @@ def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argpa
         "chapters": args.chapters, "sections": args.sections, "words": args.words,
         "max_tokens": args.max_tokens, "temperature": args.temperature, "attempts": args.attempts,
         "first_token_timeout_s": args.first_token_timeout, "chunk_timeout_s": args.chunk_timeout,
-        "templates": args.templates, "out": args.out,
+        "templates": args.templates, "out": args.out, "profile": args.profile, "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
+        "system": args.system, "planning": args.planning, "finish_truncated": args.finish_truncated or None,
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})
     if args.format:

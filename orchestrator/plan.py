@@ -24,7 +24,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -35,10 +35,11 @@ from .dispatch import Dispatcher
 from .errors import PlanError
 from .events import LevelPlanned, NodeFinished
 from .outline import Chapter, Outline, Part
-from .prompts import list_schema, render
+from .profiles import PROFILES, Profile
+from .prompts import book_phrase, few_shot_messages, list_schema, render
 
 MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
-MAX_TITLE_WORDS = 24
+MAX_TITLE_WORDS = 12  # repair.title_debris enforces the same limit
 RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see Planner._temperature)
 
 
@@ -234,17 +235,41 @@ _PLACEHOLDER = re.compile(
 )
 
 
-def weak_title(title: str, avoid: frozenset[str]) -> str | None:
-    """Why a title is no use as an outline node (it repeats a parent or is a placeholder), or None."""
-    if len(title) > MAX_TITLE_CHARS or len(title.split()) > MAX_TITLE_WORDS:
+def weak_title(title: str, avoid: frozenset[str], taken: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """Why a title is no use as an outline node, or None: the title gate every reply passes, for every model.
+
+    Debris (repair.title_debris: prompt words echoed back, markup and JSON fragments, numbering like "5.5",
+    dates and stamps, file names, placeholders, over-long lines), a copy of an ancestor's or the book's title
+    (``avoid``: their normalised forms) or a near copy of one (see :func:`_near_copy`), or a title already used
+    elsewhere in the outline (``taken``, normalised; only for profiles that want a distinct outline)."""
+    from .repair import title_debris
+
+    if len(title) > MAX_TITLE_CHARS:
         return f"title too long ({len(title)} characters): {title[:60]!r}..."
+    why = title_debris(title, avoid)
+    if why:
+        return why
     if not _WORDLIKE.search(title) or _DEBRIS.search(title):
         return f"not a title: {title[:60]!r}"
-    if norm(title) in avoid:
-        return f"title {title!r} repeats a parent's title"
-    if _PLACEHOLDER.match(title.strip()):
-        return f"placeholder title {title!r}"
+    k = norm(title)
+    if k in taken:
+        return f"title {title!r} is already used elsewhere in the outline"
+    words = set(k.split())
+    if any(_near_copy(words, set(a.split())) for a in avoid):
+        return f"title {title!r} nearly repeats a parent's title"
     return None
+
+
+def _near_copy(child: set[str], parent: set[str]) -> bool:
+    """A child title that only rewords its parent's: most of it ("Web Apps Testing" under "Testing Web Apps
+    Quickly"), or the same words with one swapped ("...a Fast-Paying Career" under "...a Fast-Paced Career",
+    as small models do when they cannot think of a child). A child that adds words to its parent's ("Version
+    Control Basics" under "Version Control") is a real subtopic."""
+    if len(child) < 2 or not child & parent:
+        return False
+    if child <= parent:
+        return len(child) >= 0.75 * len(parent)  # "Continuous Integration" under "... CI/CD" is a subtopic
+    return len(child - parent) <= 1 and bool(parent - child) and len(child & parent) >= 3
 
 
 def parse_titles(
@@ -258,6 +283,7 @@ def parse_titles(
     strict: bool = True,
     pool: tuple[str, ...] = (),
     pool_title: str | None = None,
+    taken: frozenset[str] = frozenset(),
 ) -> Titles:
     """Parse a planning reply (JSON, numbered, bulleted or plain lines). Raises ValueError when unusable.
 
@@ -280,39 +306,54 @@ def parse_titles(
         title = fixed_title
     if not strict:
         title = _shorten(title) if title else (_shorten(pool_title) if pool_title else None)
-        items = _salvage(items, pool, fixed, avoid | ({norm(title)} if title else set()), n)
+        items = _salvage(items, pool, fixed, avoid | ({norm(title)} if title else set()), n, taken)
+        if not items:
+            raise ValueError(f"expected {n} titles, got none")
+        # Fewer than asked is a smaller chapter, not a lost book (the reply and the node's earlier ones offered
+        # no more distinct titles).
+        return Titles(title, tuple(items[:n]))
     if len(items) < n:
         raise ValueError(f"expected {n} titles, got {len(items)}")
-    items = items[:n]
-    seen: set[str] = set()
-    for x in items:
+    # A reply with more titles than asked may carry a repeat or a weak one among them: the distinct strong
+    # titles, in order, are enough when there are n of them. Fewer is unusable, and the first reason is given.
+    avoid = avoid | ({norm(title)} if title else set())
+    out = list(fixed)
+    seen = {norm(x) for x in out}
+    why: str | None = None
+    for x in items[len(fixed):]:
+        if len(out) >= n:
+            break
         k = norm(x)
-        if k in seen:
-            raise ValueError(f"duplicate title {x!r}")
+        reason = f"duplicate title {x!r}" if k in seen else weak_title(x, avoid, taken)
+        if reason:
+            why = why or reason
+            continue
         seen.add(k)
+        out.append(x)
+    if len(out) < n:
+        raise ValueError(why or f"expected {n} titles, got {len(out)}")
     # A reply without a book title is not a failure: the planner falls back to one made from the prompt.
-    if strict:
-        avoid = avoid | ({norm(title)} if title else set())
-        for x in items[len(fixed):]:
-            why = weak_title(x, avoid)
-            if why:
-                raise ValueError(why)
-    return Titles(title, tuple(items))
+    return Titles(title, tuple(out))
 
 
 def _salvage(
-    items: list[str], pool: tuple[str, ...], fixed: tuple[str, ...], avoid: frozenset[str], n: int
+    items: list[str], pool: tuple[str, ...], fixed: tuple[str, ...], avoid: frozenset[str], n: int,
+    taken: frozenset[str] = frozenset(),
 ) -> list[str]:
-    """Distinct titles for a node's last attempt: fixed ones first, then strong ones, then weak ones if needed."""
+    """Distinct titles for a node's last attempt: fixed ones first, then strong ones. Weak ones (debris, a copy
+    of a parent) only when there is no strong one at all: a chapter with fewer sections reads better than one
+    padded with debris, but a node with no title at all would lose its part of the book."""
     out = list(fixed)
     seen = {norm(x) for x in out}
     candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
     for allow_weak in (False, True):
+        if allow_weak and len(out) > len(fixed):
+            break
         for x in candidates:
             k = norm(x)
             if len(out) >= n:
                 return out
-            if not k or k in seen or (not allow_weak and weak_title(x, avoid)):
+            if not k or k in seen or (not allow_weak and weak_title(x, avoid, taken)):
                 continue
             seen.add(k)
             out.append(x)
@@ -547,6 +588,9 @@ class _Expansion:
         self.n = n
         self.on_commit = on_commit  # (book title, committed titles) -> None: journals them before the child starts
         self.avoid = avoid  # normalised ancestor titles: a child repeating one is not started (see parse_titles)
+        # Titles used anywhere in the outline so far (shared by every node of a planner whose profile wants a
+        # distinct outline; empty otherwise): a small model offers the same few titles at every level.
+        self.taken: set[str] = set()
         self.attempts = 0
         self.want_title = want_title
         self.start_child = start_child  # (index, title, book title) -> None; None in strict mode
@@ -600,11 +644,12 @@ class _Expansion:
                 return
             if self.want_title and self.title is None:
                 self.title = s.title
-            if weak_title(t, self.avoid | ({norm(self.title)} if self.title else set())):
+            if weak_title(t, self.avoid | ({norm(self.title)} if self.title else set()), self.taken - self.norms):
                 self.following = False
                 return
             self.committed.append(t)
             self.norms.add(k)
+            self.taken.add(k)
             self.matched += 1
             if self.on_commit is not None:
                 self.on_commit(self.title, self.committed)
@@ -649,11 +694,15 @@ class Planner:
     them, so a node re-planned after a kill keeps the titles whose children (sections) already exist."""
 
     def __init__(self, dispatcher: Dispatcher, prompt: str, settings, emit, templates: str | None = None,
-                 journal: Any = None):
+                 journal: Any = None, profile: Profile | None = None):
         self.d = dispatcher
         self.journal = journal
+        # How the model is asked (sampling, system message, JSON or few-shot lists); without one, the reference
+        # profile at the job's temperature.
+        self.p = profile or replace(PROFILES["reference"], temperature=settings.temperature or 0.0)
         self.prompt = prompt
         self.fallback_title = book_title_from_prompt(prompt)
+        self.taken: set[str] = {norm(self.fallback_title)}  # see _Expansion.taken
         self.s = settings
         self.emit = emit
         self.templates = templates
@@ -668,13 +717,16 @@ class Planner:
         """The job's temperature, raised to RETRY_TEMPERATURE once a reply was unusable: at temperature 0 a
         model answers a re-ask with the same reply (a small model repeating a title would fail every attempt),
         so a re-ask must be allowed to differ. Transient errors (connection, 5xx) keep the job's temperature."""
+        base = self.p.temperature if self.p.plan_temperature is None else self.p.plan_temperature
         if exp.unusable:
-            return max(self.s.temperature, min(1.0, RETRY_TEMPERATURE + 0.1 * (exp.unusable - 1)))
-        return self.s.temperature
+            return max(base, min(1.0, RETRY_TEMPERATURE + 0.1 * (exp.unusable - 1)))
+        return base
 
     def _request(self, name: str, n: int, want_title: bool, exp: _Expansion, **values):
         def build(client: BackendClient, attempt: int) -> dict:
             exp.new_attempt()  # called at the start of every attempt: the stream parser starts afresh
+            if self.p.planning == "list":
+                return self._list_request(client, name, n, exp, values)
             use_json = client.json_schema_ok is not False
             note = ""
             keep = exp.retry_note()
@@ -684,19 +736,24 @@ class Planner:
                 note = f"{note} {keep}".strip()
             text = render(name, self.templates, json=use_json, n=n, retry_note=note, **values)
             return client.body(
-                [{"role": "user", "content": text}],
+                self.p.messages(text),
                 max_tokens=self.s.plan_max_tokens,
                 temperature=self._temperature(exp),
                 schema=list_schema(n, want_title) if use_json else None,
+                sampling=self.p.sampling(),
             )
 
         def validate(reply: Reply) -> Titles:
-            # The last attempt accepts weak titles (repeating a parent, placeholders) rather than lose the book.
-            strict = exp.attempts < self.s.attempts
+            # The last attempt (or, with the profile's bounded re-asks, the reply after them) takes the reply as
+            # well as it can — weak titles, fewer titles — rather than lose the book or spend more requests.
+            strict = exp.attempts < self.s.attempts and (
+                self.p.plan_reasks is None or exp.unusable < self.p.plan_reasks
+            )
             offered_title, offered = extract_titles(reply.text)
             try:
                 return parse_titles(
                     reply.text, n, want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict,
+                    taken=frozenset(exp.taken - exp.norms),
                     pool=tuple(exp.pool), pool_title=exp.pool_title,
                 )
             except ValueError:
@@ -706,6 +763,20 @@ class Planner:
                 raise
 
         return build, validate
+
+    def _list_request(self, client: BackendClient, name: str, n: int, exp: _Expansion, values: dict) -> dict:
+        """A few-shot plain-list request (profile planning "list"): one worked example, then this node's request.
+        The list's length bounds max_tokens, so a model looping on one line stops early."""
+        kind = {"book": "book", "part": "part", "chapter": "chapter"}[name]
+        book = book_phrase(values.get("book") or self.fallback_title)
+        title = values.get(kind, "") if kind != "book" else ""
+        ask = n + self.p.plan_extra
+        return client.body(
+            few_shot_messages(kind, ask, book, title, self.templates, self.p.system),
+            max_tokens=min(self.s.plan_max_tokens, 16 * ask + 48),
+            temperature=self._temperature(exp),
+            sampling=self.p.sampling(),
+        )
 
     async def _node(
         self,
@@ -725,6 +796,8 @@ class Planner:
             def on_commit(book_title: str | None, items: list[str]) -> None:
                 self.journal.commit_titles(path, label, book_title, items)
         exp = _Expansion(n, want_title, start_child, frozenset(norm(a) for a in ancestors if a), on_commit)
+        if self.p.distinct_outline:
+            exp.taken = self.taken
         build, validate = self._request(name, n, want_title, exp, **values)
         self.level_requests[len(path.split(".")) if path else 0] += 1
         kw = {"on_delta": exp.on_delta} if start_child is not None and self._streams else {}
@@ -749,6 +822,8 @@ class Planner:
             path, kind, label, build, validate, priority=(0, 0),
             **kw, **({"restore": restore, "keep": _keep} if self.journal is not None else {}),
         )
+        if out.value is not None and self.p.distinct_outline:
+            self.taken.update(norm(t) for t in out.value.items)
         if out.value is None:
             short = label if len(label) <= 80 else label[:77] + "..."
             where = f"node {path!r} ({kind} {short!r})" if path else "the book node"
@@ -840,14 +915,15 @@ class Planner:
                     tg.start_soon(plan_part, pi, tg)
 
                 root, started = await self._node(
-                    "", "book", self.prompt, "book", s.parts, True, start_part, request=self.prompt
+                    "", "book", self.prompt, "book", s.parts, self.p.planning != "list", start_part, request=self.prompt
                 )
                 book_box.setdefault("title", root.title or self.fallback_title)
                 for pi in range(started, len(root.items)):
                     start_part(pi, root.items[pi], root.title)
                 self.emit(LevelPlanned(1, len(root.items), time.monotonic()))
         else:
-            root, _ = await self._node("", "book", self.prompt, "book", s.parts, True, request=self.prompt)
+            root, _ = await self._node("", "book", self.prompt, "book", s.parts, self.p.planning != "list",
+                                       request=self.prompt)
             book_box["title"] = root.title or self.fallback_title
             for pi, t in enumerate(root.items):
                 parts[pi] = t

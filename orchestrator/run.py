@@ -28,13 +28,15 @@ from .events import JobFinished, JobStarted, NodeFinished, OutlineReady
 from .journal import Journal, Resuming
 from .outline import Outline, SectionRef
 from .plan import Planner
-from .prompts import render
+from .profiles import Profile, resolve_profile
+from .prompts import book_phrase, render
 from .report import JobRecord, build_stats
 
 log = logging.getLogger("handbook")
 
 FD_RESERVE = 128  # files, the journal, /metrics scrapes, the feed, the typesetter
 DISCOVER_TIMEOUT_S = 7.0  # an unreachable backend is reported within 10 s
+CONTINUATION_TOKENS = 96  # --finish-truncated: enough for the end of a sentence and one more
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,9 @@ class _Job:
         urls = tuple(b.url for b, _ in usable)
         t_start = time.monotonic()
         bus(JobStarted(self.prompt, urls, settings.public(), t_start))
-        render("section", settings.templates, book="", part="", chapter="", section="", words=1)  # fail early
+        profile = resolve_profile(settings, usable[0][1])
+        render(profile.section_template, settings.templates, book="", part="", chapter="", section="", words=1,
+               book_phrase="")  # a broken template fails now, not after planning
 
         sections: dict[str, SectionText] = {}
         resumed_sections = 0
@@ -261,34 +265,47 @@ class _Job:
             fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
             dispatcher = Resuming(Dispatcher(fleet, bus, settings.attempts, bus.wants_deltas), journal)
             sampler = MetricsSampler(urls, interval=settings.metrics_interval_s, on_sample=bus)
-            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, journal=journal)
+            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, journal=journal,
+                              profile=profile)
 
             async def write_section(ref: SectionRef, order: int) -> None:
                 nonlocal resumed_sections
                 text = render(
-                    "section", settings.templates, book=ref.book, part=ref.part, chapter=ref.chapter,
-                    section=ref.title, words=settings.words,
+                    profile.section_template, settings.templates, book=ref.book, part=ref.part,
+                    chapter=ref.chapter, section=ref.title, words=settings.words, book_phrase=book_phrase(ref.book),
                 )
+                messages = profile.messages(text)
+                check = SectionCheck(ref.title)
 
                 def build(client: BackendClient, attempt: int) -> dict:
                     if write_window["start"] is None:  # the first section request actually sent
                         write_window["start"] = time.monotonic()
-                    return client.body(
-                        [{"role": "user", "content": text}], max_tokens=settings.max_tokens,
-                        temperature=settings.temperature,
-                    )
+                    if check.loop is not None:  # the one re-ask of a looping section: stronger settings
+                        return client.body(messages, max_tokens=settings.max_tokens,
+                                           temperature=max(profile.temperature, profile.loop_temperature),
+                                           sampling=profile.loop_sampling())
+                    return client.body(messages, max_tokens=settings.max_tokens, temperature=profile.temperature,
+                                       sampling=profile.sampling())
 
                 # One lookup decides resuming: the journal answers this section only if it was written for this
-                # very title (Resuming); anything else is asked again.
-                outcome = await dispatcher.run(ref.path, "section", ref.title, build, section_check(ref.title),
-                                               priority=(1, order))
+                # very title (Resuming); anything else is asked again. A stored section is taken as it was
+                # accepted (its repair note comes back with it).
+                outcome = await dispatcher.run(
+                    ref.path, "section", ref.title, build, check, priority=(1, order),
+                    restore=lambda stored: stored.value if isinstance(stored.value, dict) else {},
+                    keep=lambda value: value,
+                )
                 r = outcome.reply
                 if outcome.attempts == 0:
                     resumed_sections += 1
+                elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
+                    r = await self._finish(dispatcher, ref, messages, r, profile)
+                repaired = (outcome.value or {}).get("repaired_from") if r.ok else None
                 sections[ref.path] = SectionText(
                     ref.path, ref.part, ref.chapter, ref.title,
                     r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend or None,
                     None if r.ok else f"failed after {outcome.attempts} attempts: {r.error}",
+                    repaired_from=repaired,
                 )
                 if r.ok:
                     bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
@@ -395,6 +412,30 @@ class _Job:
         return Result(book.markdown, outline, stats, defects, paths, complete, failed,
                       interrupted=self.stop.reason == "interrupt", typeset_error=typeset_error)
 
+    async def _finish(self, dispatcher: Resuming, ref: SectionRef, messages: list[dict[str, str]], first: Reply,
+                      profile: Profile) -> Reply:
+        """``--finish-truncated``: one short continuation request for a section stopped by the token cap. The
+        section keeps finish_reason "length" (defects count it as truncated, as generated); book.md gets the
+        finished text. A failed continuation leaves the section as it was (cut back in book.md)."""
+        from dataclasses import replace as dc_replace
+
+        follow = [*messages, {"role": "assistant", "content": first.text},
+                  {"role": "user", "content": "Finish the last sentence and end the section in one or two more "
+                                              "sentences. Do not repeat anything."}]
+        out = await dispatcher.d.run(
+            ref.path, "section", ref.title,
+            lambda client, attempt: client.body(follow, max_tokens=CONTINUATION_TOKENS,
+                                                temperature=profile.temperature, sampling=profile.sampling()),
+            priority=(1, 0),
+        )
+        if not out.reply.ok:
+            return first
+        joiner = "" if first.text.endswith((" ", "\n")) or out.reply.text.startswith((" ", "\n")) else " "
+        done = dc_replace(first, text=first.text + joiner + out.reply.text.strip(),
+                          completion_tokens=first.completion_tokens + out.reply.completion_tokens)
+        self.journal.record(ref.path, "section", ref.title, done, out.attempts + first.attempt)
+        return done
+
     async def _typeset(self, book: Book, paths: dict[str, Path], stats: dict[str, Any]) -> str | None:
         """Lay out book.html/book.pdf; record the time and pages in ``stats``. A failure is returned as a
         one-line message (and recorded as ``stats["typeset_error"]``): book.md, stats, defects and the journal
@@ -476,19 +517,31 @@ def _mark_incomplete(markdown: str, reason: str, written: int, total: int, plann
     return f"{head}\n\n{note}\n{rest.lstrip()}"
 
 
-def section_check(title: str) -> Callable[[Reply], None]:
-    """A section reply that holds nothing but headings repeating its own title (a small model printing the
-    heading and stopping) is empty: unusable, so it is asked again like an empty answer."""
-    want = normalise_title(title)
+class SectionCheck:
+    """Validates a section reply (the Dispatcher retries what raises ValueError).
 
-    def check(reply: Reply) -> None:
-        for line in reply.text.splitlines():
-            s = line.strip().strip("#*_=- ").strip()
-            if s and normalise_title(s) != want:
-                return
-        raise ValueError("the reply only repeats the section heading")
+    * A reply that holds nothing but headings repeating its own title (a small model printing the heading and
+      stopping) is empty: asked again like an empty answer.
+    * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
+      anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
+      too, and defects.json reports it. The value is ``{"repaired_from": why}`` (journaled with the section)."""
 
-    return check
+    def __init__(self, title: str):
+        self.want = normalise_title(title)
+        self.loop: str | None = None  # why the first answer looped, once it did
+
+    def __call__(self, reply: Reply) -> dict[str, str | None]:
+        from .repair import loop_reason
+
+        if not any(s and normalise_title(s) != self.want
+                   for s in (line.strip().strip("#*_=- ").strip() for line in reply.text.splitlines())):
+            raise ValueError("the reply only repeats the section heading")
+        if self.loop is None:
+            why = loop_reason(reply.text)
+            if why:
+                self.loop = why
+                raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
+        return {"repaired_from": self.loop}
 
 
 def _order_base(chapter_path: str, settings: Settings) -> int:

@@ -162,7 +162,10 @@ class FakeServer:
             if "title" in props:
                 body["title"] = "A Test Book"
             return json.dumps(body)
-        return "This section explains the topic in plain words. " * 8
+        # Prose that does not repeat itself (a repeated sentence is a repetition loop, re-asked by the runner).
+        return " ".join(f"Point {i} of this section explains one more {w} side of the topic in plain words."
+                        for i, w in enumerate(("first", "practical", "careful", "useful", "common", "subtle",
+                                               "final", "extra"), 1))
 
     def _stream(self, h, text: str, stall: bool, delay: float = 0.0) -> None:
         h.send_response(200)

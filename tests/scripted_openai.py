@@ -184,4 +184,7 @@ def titles(items: list[str], title: str | None = None) -> str:
 
 def prose(title: str, words: int = 40) -> str:
     """A section that names its own title, so a test can tell which heading a text was written for."""
-    return f"This section is about {title}. " + "It explains the subject in plain, careful words. " * (words // 8)
+    filler = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+    body = " ".join(f"The {w} point explains one more side of the subject in plain words."
+                    for w in filler[: max(1, words // 10)])
+    return f"This section is about {title}. {body}"

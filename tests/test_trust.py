@@ -552,3 +552,81 @@ def test_a_backend_rejoins_only_after_a_probe_completion_succeeds():
         states = anyio.run(_trip_and_probe, srv.url, serving)
         assert srv.models_gets >= 3  # it was probed, and /models answered each time
     assert states == [False, False, True]
+
+
+# -- issue 12: model profiles, list planning, loop repair ---------------------------------------------------------
+
+
+def _small_model_answer(req: Request) -> Answer:
+    """A small model's habits: numbered lists with a repeat and the parent's own title among them; one section
+    loops on its first try."""
+    if req.kind == "other" and "main topics" in req.prompt:
+        return Answer("1. Foundations\n2. Foundations\n3. Practice\n4. Test Book\n5. Tools")
+    if req.kind == "other" and "subtopics of" in req.prompt:
+        parent = re.findall(r'subtopics of "(.*?)"', req.prompt)[-1]
+        return Answer("\n".join(f"{i}. {t}" for i, t in enumerate(
+            [parent, f"{parent} Basics", f"{parent} in Depth", f"{parent} Pitfalls", f"{parent} Tools",
+             f"{parent} Cases"], 1)))
+    if req.kind == "other" and req.prompt.startswith("You are") and "Explain" in req.prompt:
+        title = re.search(r'Explain "(.*?)"', req.prompt).group(1)
+        if title.endswith("Pitfalls") and req.body.get("temperature", 0) < 0.5:
+            return Answer(f"## {title}\n" + f"{title} is hard. It is very hard indeed.\n" * 30, finish_reason="length")
+        return Answer(prose(title))
+    raise AssertionError(f"unexpected request: {req.prompt[:200]!r}")
+
+
+def test_a_small_model_gets_few_shot_lists_a_system_message_and_loop_repair(tmp_path):
+    out = tmp_path / "o"
+    with ScriptedServer(_small_model_answer, model="smollm2-135m-instruct") as srv:
+        run = subprocess.run(job_cmd("Write me a test book", [srv.url], out, "--parts", "2", "--chapters", "2",
+                                     "--sections", "3"), capture_output=True, text=True, timeout=120, env=env())
+        reqs = list(srv.requests)
+    assert run.returncode == 0, run.stderr
+    planning = [r for r in reqs if "topics" in r.prompt]
+    sections = [r for r in reqs if "Explain" in r.prompt]
+    assert len(planning) == 1 + 2 + 4  # one request per node: spares cover the repeat and the parent's title
+    for r in planning:
+        roles = [m["role"] for m in r.body["messages"]]
+        assert roles == ["system", "user", "assistant", "user"] and "response_format" not in r.body
+        assert r.body["temperature"] == 0 and r.body["repetition_penalty"] == 1.1
+    for r in sections:
+        assert r.body["messages"][0]["role"] == "system"
+    first = [r for r in sections if r.body["temperature"] == 0.3]
+    again = [r for r in sections if r.body["temperature"] != 0.3]
+    assert len(first) == 12 and len(again) == 4  # the four "... Pitfalls" sections looped once each
+    assert all(r.body["repetition_penalty"] >= 1.25 and r.body["temperature"] >= 0.7 for r in again)
+    md = (out / "book.md").read_text()
+    assert md.startswith("# Test Book\n")
+    outline = json.loads((out / "outline.json").read_text())
+    assert [p["title"] for p in outline["parts"]] == ["Foundations", "Practice"]
+    for p in outline["parts"]:
+        for c in p["chapters"]:
+            assert c["title"] not in c["sections"] and len(c["sections"]) == 3
+    assert_each_section_under_its_own_heading(md, 12)
+    defects = json.loads((out / "defects.json").read_text())
+    assert defects["looping_sections"]["count"] == 0 and defects["looping_sections"]["repaired"] == 4
+
+
+def test_the_published_take_preset_keeps_the_reference_settings_on_any_model(tmp_path):
+    out = tmp_path / "o"
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "book":
+            return Answer(titles(["Alpha", "Beta", "Gamma", "Delta", "Epsilon", "Zeta", "Eta", "Theta"], "Book"))
+        if req.kind == "part":
+            return Answer(titles([f"{req.title} chapter {i}" for i in range(1, 13)]))
+        if req.kind == "chapter":
+            return Answer(titles([f"{req.title} section {i}" for i in range(1, 17)]))
+        return Answer(prose(req.title))
+
+    with ScriptedServer(answer, model="smollm2-135m-instruct") as srv:
+        cmd = [sys.executable, "-m", "orchestrator", "--preset", "published-take", "--backend", srv.url,
+               "--out", str(out), "--format", "md", "-q", "--parts", "1", "--chapters", "1", "--sections", "2"]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+        reqs = list(srv.requests)
+    assert run.returncode == 0, run.stderr
+    assert {r.kind for r in reqs} == {"book", "part", "chapter", "section"}
+    for r in reqs:
+        assert r.body["temperature"] == 0 and "repetition_penalty" not in r.body
+        assert [m["role"] for m in r.body["messages"]] == ["user"]
+    assert all("response_format" in r.body for r in reqs if r.kind != "section")
