@@ -227,7 +227,7 @@ def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
     with pytest.raises(ValueError, match="nearly repeats"):
         parse_titles('{"items": ["Mocks", "Testing Web Apps Slowly"]}', 2, False, avoid=near)
     with pytest.raises(ValueError, match="nearly repeats"):  # ... or a part of its title
-        parse_titles('{"items": ["Mocks", "Web Apps"]}', 2, False, avoid=near)
+        parse_titles('{"items": ["Mocks", "Web Apps Quickly"]}', 2, False, avoid=near)
     # A child that adds to its parent's title is a real subtopic.
     assert parse_titles('{"items": ["Mocks", "Testing Web Apps Quickly at Scale"]}', 2, False, avoid=near).items[1]
     # The last attempt keeps the strong titles (a smaller chapter) rather than send debris on...
