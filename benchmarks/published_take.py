@@ -29,6 +29,7 @@ import os
 import resource
 import sys
 import tempfile
+from collections import Counter
 import time
 from collections import defaultdict
 
@@ -38,7 +39,7 @@ import anyio  # noqa: E402
 
 from orchestrator import Settings, agenerate  # noqa: E402
 from orchestrator.config import PRESETS  # noqa: E402
-from orchestrator.events import JobStarted, NodeFinished, NodeStarted  # noqa: E402
+from orchestrator.events import JobStarted, NodeFailed, NodeFinished, NodeStarted  # noqa: E402
 from orchestrator.sim.launch import SimFleet  # noqa: E402
 
 STEP_MS, PER_STREAM_MS, CAP = 12.94, 0.2451, 256
@@ -69,6 +70,7 @@ class Recorder:
     def __init__(self) -> None:
         self.started: dict[str, float] = {}
         self.finished: list[NodeFinished] = []
+        self.failed: list[NodeFailed] = []
         self.t_job: float | None = None
 
     def __call__(self, ev) -> None:
@@ -78,6 +80,8 @@ class Recorder:
             self.started.setdefault(ev.path, ev.t)
         elif isinstance(ev, NodeFinished) and ev.kind == "section":
             self.finished.append(ev)
+        elif isinstance(ev, NodeFailed):
+            self.failed.append(ev)
 
 
 def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dict | None = None) -> dict:
@@ -127,6 +131,9 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
         "failed_sections": st["failed_sections"],
         "truncated_sections": st["truncated_sections"],
         "request_errors": st["request_errors"],
+        "planning_requests": st["planning_requests"],
+        # why attempts failed, by kind: a failure here on the fault-free simulator is a finding, not noise
+        "errors_by_reason": dict(Counter(f"{ev.kind}: {ev.error.split(':')[0]}" for ev in rec.failed)),
         "efficiency": st["tokens_written"] / cap / whole if whole else 0.0,
         "write_efficiency": sec_tokens / cap / write if write else 0.0,
         "one_wave_s": wave,
@@ -157,7 +164,7 @@ def print_table(rows: list[dict]) -> None:
              ("write eff.", "write_efficiency", "{:.3f}"), ("one-wave s", "one_wave_s", "{:.2f}"),
              ("one-wave eff.", "one_wave_efficiency", "{:.3f}"), ("1st section s", "first_section_s", "{:.2f}"),
              ("drain s", "drain_s", "{:.2f}"), ("sustained tok/s", "server_sustained_tok_s", "{:,.0f}"),
-             ("empty", "empty_sections", "{}"),
+             ("empty", "empty_sections", "{}"), ("planning req.", "planning_requests", "{}"),
              ("errors", "request_errors", "{}"), ("max in flight", "max_in_flight", "{}"),
              ("sim late s", "sim_late_s", "{:.2f}"), ("client CPU s", "orchestrator_cpu_s", "{:.1f}"),
              ("CPU share", "orchestrator_cpu_share", "{:.2f}"), ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
@@ -165,6 +172,10 @@ def print_table(rows: list[dict]) -> None:
     print()
     print(f"Efficiency (capacity = cards x {capacity_tok_s(1):,.1f} tok/s at {CAP} streams)")
     _table(cols2, rows)
+    for r in rows:
+        if r["errors_by_reason"]:
+            print(f"{r['mode']}: failed attempts by reason: "
+                  + "; ".join(f"{k} x{v}" for k, v in sorted(r["errors_by_reason"].items())))
 
 
 def _table(cols, rows) -> None:

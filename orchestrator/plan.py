@@ -254,10 +254,17 @@ def weak_title(title: str, avoid: frozenset[str], taken: frozenset[str] | set[st
     k = norm(title)
     if k in taken:
         return f"title {title!r} is already used elsewhere in the outline"
-    words = set(k.split())
-    if any(_near_copy(words, set(a.split())) for a in avoid):
+    words = _content_words(k)
+    if any(_near_copy(words, _content_words(a)) for a in avoid):
         return f"title {title!r} nearly repeats a parent's title"
     return None
+
+
+_STOPWORDS = frozenset("a an the and or of in on for to with by at from as its your our vs".split())
+
+
+def _content_words(normalised: str) -> set[str]:
+    return {w for w in normalised.split() if w not in _STOPWORDS}
 
 
 def _near_copy(child: set[str], parent: set[str]) -> bool:
@@ -269,7 +276,9 @@ def _near_copy(child: set[str], parent: set[str]) -> bool:
         return False
     if child <= parent:
         return len(child) >= 0.75 * len(parent)  # "Continuous Integration" under "... CI/CD" is a subtopic
-    return len(child - parent) <= 1 and bool(parent - child) and len(child & parent) >= 3
+    # one word swapped in a long title; shorter ones sharing three words are often real subtopics ("Caches in
+    # Long-Term Maintenance" under "Long-Term Maintenance for Working Engineers")
+    return len(child - parent) <= 1 and len(parent - child) == 1 and len(child & parent) >= 4
 
 
 def parse_titles(

@@ -417,3 +417,18 @@ def test_book_quality_counts_a_crafted_out_dir(tmp_path, capsys):
     assert bq.main([str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "debris titles" in printed and "3 of 10 (30.0%)" in printed and "1.20 (6 / 5)" in printed
+
+
+def test_the_planners_gate_passes_every_simulated_outline_title():
+    """The planner's title gate (debris, copies and near copies of a parent) must not re-ask any node of the
+    published take: its plan stays 1 -> 8 -> 96 with 105 planning requests."""
+    from orchestrator.plan import norm, weak_title
+
+    book, parts = published_take()
+    flagged = []
+    for p, chapters in parts:
+        flagged += [w for w in [weak_title(p, frozenset({norm(book)}))] if w]
+        for c, sections in chapters:
+            flagged += [w for w in [weak_title(c, frozenset({norm(book), norm(p)}))] if w]
+            flagged += [w for s, _, _ in sections if (w := weak_title(s, frozenset({norm(book), norm(p), norm(c)})))]
+    assert flagged == []
