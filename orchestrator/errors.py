@@ -7,7 +7,6 @@ only ever sees these or plain values.
 
 from __future__ import annotations
 
-
 TYPESET_FAILED_EXIT = 4  # book.md, stats.json, defects.json and the journal are written; the PDF is not
 
 
