@@ -185,6 +185,9 @@ def report(result) -> int:
         console.print(line, markup=False)
     for key, path in result.paths.items():
         console.print(f"{key:>10}: {path}")
+    summary = defects_summary(result.defects)
+    if summary:
+        console.print(f"   defects: {summary}", markup=False)
     if getattr(result, "interrupted", False):
         st = result.stats
         done = st["sections"] - st["failed_sections"] - st["empty_sections"] - st["interrupted_sections"]
@@ -202,6 +205,29 @@ def report(result) -> int:
               f"({result.paths['md']}); retry the PDF with: handbook typeset {result.paths['md']}", file=sys.stderr)
         return TYPESET_FAILED_EXIT
     return 0
+
+
+def defects_summary(d: dict[str, Any] | None) -> str | None:
+    """One line of defects.json for the end of a run (defects.md has the worst cases)."""
+    if not d:
+        return None
+    parts = []
+    loops = d.get("looping_sections") or {}
+    parts.append(f"{loops.get('count', 0)} looping sections ({loops.get('repaired', 0)} repaired)")
+    ub = d.get("unterminated_blocks") or {}
+    printed = ub.get("printed") or {}
+    parts.append(f"{ub.get('count', 0)} of {ub.get('of', 0)} blocks unterminated as generated, "
+                 f"{printed.get('count', 0)} as printed")
+    parts.append(f"{_count(d.get('truncated_sections'))} truncated at the token cap")
+    parts.append(f"{(d.get('duplicate_section_titles') or {}).get('count', 0)} repeated section titles")
+    code = d.get("code_blocks") or {}
+    if code.get("count"):
+        parts.append(f"{code['count']} code blocks ({code.get('python_syntax_errors', 0)} Python syntax errors)")
+    return "; ".join(parts)
+
+
+def _count(v: Any) -> int:
+    return v.get("count", 0) if isinstance(v, dict) else int(v or 0)
 
 
 async def _run_with_displays(prompt, backends, settings, out, args, done: dict[str, int]) -> None:
