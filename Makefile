@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PROMPT ?= Write me a complete software engineering handbook
 
-.PHONY: install engine test test-fast demo bench lint clean
+.PHONY: install engine browser test test-fast demo bench lint clean
 
 install: $(VENV)/.installed
 
@@ -18,12 +18,32 @@ $(VENV)/.installed: pyproject.toml
 engine: install
 	PYTHON=$(PY) scripts/install-local-engine.sh
 
-# Everything, the real-engine tests included (CI runs this).
-test: install engine
+# Debian's chromium, which the live feed's browser tests drive (tests/test_feed.py; they fail without it): installed
+# with apt-get as root, or through sudo; a no-op when `chromium` is on PATH or $HANDBOOK_CHROMIUM names one.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || { [ -f "$$HANDBOOK_CHROMIUM" ] && [ -x "$$HANDBOOK_CHROMIUM" ]; }; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make browser: chromium is missing and there is no apt-get here: install chromium, or set" \
+	       "HANDBOOK_CHROMIUM to a chromium executable" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	else \
+	  echo "make browser: chromium is missing and installing it needs root: as root, run" \
+	       "'apt-get update && apt-get install -y chromium' (or set HANDBOOK_CHROMIUM to a chromium executable)" >&2; \
+	  exit 1; \
+	fi; \
+	echo "make browser: installing Debian's chromium for the browser tests (about 20 s)"; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null && \
+	command -v chromium >/dev/null 2>&1 || { echo "make browser: installing chromium failed" >&2; exit 1; }
+
+# Everything, the real-engine tests included (CI runs this). Installs what the tests need first: .venv, the engine
+# and chromium.
+test: install engine browser
 	$(PY) -m pytest -q
 
 # Everything but the real-engine tests.
-test-fast: install
+test-fast: install browser
 	$(PY) -m pytest -q -m 'not real_engine'
 
 demo: install engine

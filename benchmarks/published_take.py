@@ -29,9 +29,8 @@ import os
 import resource
 import sys
 import tempfile
-from collections import Counter
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 

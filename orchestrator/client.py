@@ -61,8 +61,6 @@ ANSWERS = frozenset({"stop", "length"})
 FINISH_SYNONYMS = {"eos_token": "stop", "eos": "stop", "stop_sequence": "stop", "end_turn": "stop",
                    "max_tokens": "length", "max_length": "length"}
 
-PROBE_TIMEOUT_S = 30.0  # a probe completion of a few tokens; a server slower than this is not back yet
-
 _DATA = b"data:"
 _DONE = b"[DONE]"
 
@@ -106,6 +104,7 @@ class BackendClient:
         self._chat_url = f"{self.url}/chat/completions"
         self.probe_completions = 0  # probe completions sent while out of rotation (not job requests) ...
         self.probe_failures = 0  # ... and how many of them failed (a faulty server's faults hit them too)
+        self.probe_tokens = 0  # completion tokens the probes made
 
     async def __aenter__(self) -> BackendClient:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True)
@@ -133,9 +132,11 @@ class BackendClient:
                     w.timed_out = True
                     w.scope.cancel()
 
-    async def probe(self) -> bool:
+    async def probe(self, on_listening: Callable[[], None] | None = None) -> bool:
         """Is the server serving again? ``/v1/models`` answering is not enough (a server whose engine died still
-        lists its models): a tiny completion must come back as an answer too."""
+        lists its models): a tiny completion must come back as an answer too. ``on_listening`` is called once
+        ``/v1/models`` answered: the completion may then take as long as any first token (a busy CPU engine
+        queues it behind its running streams), and the server is alive meanwhile."""
         assert self._session is not None
         try:
             async with self._session.get(
@@ -145,11 +146,14 @@ class BackendClient:
                     return False
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
+        if on_listening is not None:
+            on_listening()
         self.probe_completions += 1
-        with anyio.move_on_after(PROBE_TIMEOUT_S):
-            reply = await self.chat(self.body([{"role": "user", "content": "Say OK."}], max_tokens=8, temperature=0))
-            if reply.ok:
-                return True
+        # Bounded by the watchdog's first-token and between-chunk timeouts, like every request.
+        reply = await self.chat(self.body([{"role": "user", "content": "Say OK."}], max_tokens=8, temperature=0))
+        self.probe_tokens += reply.completion_tokens  # the server counted them: stats.json's tokens_written does too
+        if reply.ok:
+            return True
         self.probe_failures += 1
         return False
 

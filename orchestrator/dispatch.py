@@ -46,6 +46,7 @@ class BackendLoad:
     errors: int = 0
     down_since: float | None = None
     trips: int = 0  # times it left the rotation
+    listening_since: float | None = None  # out of rotation, but its last probe found it answering /v1/models
 
 
 @dataclass(order=True)
@@ -183,16 +184,26 @@ class Fleet:
                 self._tg.start_soon(self._probe, load)
 
     async def _probe(self, load: BackendLoad) -> None:
+        def listening() -> None:
+            load.listening_since = time.monotonic()
+
         while not load.healthy:
             await anyio.sleep(self._probe_interval)
-            if await load.client.probe():
+            try:
+                back = await load.client.probe(on_listening=listening)
+            finally:
+                load.listening_since = None
+            if back:
                 load.healthy = True
                 load.consecutive_failures = 0
                 load.down_since = None
                 self._emit(BackendState(load.client.url, True, "answering again", time.monotonic()))
                 self._grant()
                 return
-            if all(not x.healthy for x in self.loads):
+            # A server whose probe completion is still on its way (it answered /v1/models; a busy CPU engine
+            # queues the completion behind its running streams) is alive: it does not count towards "every
+            # backend stopped answering". One whose completion failed does.
+            if all(not x.healthy and x.listening_since is None for x in self.loads):
                 all_down_since = max(x.down_since or time.monotonic() for x in self.loads)
                 if time.monotonic() - all_down_since > self._all_down_timeout and self.all_down_error is None:
                     self.all_down_error = BackendError(

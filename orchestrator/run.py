@@ -397,6 +397,9 @@ class _Job:
             pb["left_rotation"] = load.trips
             pb["probe_completions"] = load.client.probe_completions
             pb["probe_failures"] = load.client.probe_failures
+            pb["probe_tokens"] = load.client.probe_tokens
+        # The servers counted the probes' few tokens too: tokens_written is everything this run had generated.
+        stats["tokens_written"] += sum(load.client.probe_tokens for load in fleet.loads)
         _write_stats(self.out_dir, stats, paths)
         paths["journal"] = journal.path
         journal.end_run(self.status, self.requests)

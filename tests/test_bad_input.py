@@ -169,10 +169,14 @@ def test_outline_replies_unusable_after_retries_name_the_node(tmp_path):
 
 
 def test_out_dir_holding_another_jobs_journal(card, tmp_path):
+    import json
+    import sqlite3
+
     out = tmp_path / "o"
     first = handbook("A book about gardens", "--backend", card, "--out", str(out), *SMALL)
     assert first.returncode == 0, first.stderr
     assert (out / "journal.sqlite").exists()
+    gardens_md = (out / "book.md").read_text()
     line = one_line_error(handbook("A book about boats", "--backend", card, "--out", str(out), *SMALL), 2)
     assert "another job's journal" in line and "A book about gardens" in line and "--fresh" in line
     # Settings that would change the book: say so and stop...
@@ -182,7 +186,19 @@ def test_out_dir_holding_another_jobs_journal(card, tmp_path):
     # ...unless --fresh.
     again = handbook("A book about boats", "--backend", card, "--out", str(out), *SMALL, "--fresh")
     assert again.returncode == 0, again.stderr
-    assert "boats" in (out / "book.md").read_text().lower() or (out / "book.md").exists()
+    # --fresh started over: the journal is the new job's alone (its prompt, one run), nothing was resumed, the
+    # whole outline was asked for again, and book.md is the new book, not the old one.
+    db = sqlite3.connect(out / "journal.sqlite")
+    try:
+        assert db.execute("SELECT value FROM meta WHERE key='prompt'").fetchone() == ("A book about boats",)
+        assert [r[0] for r in db.execute("SELECT status FROM runs")] == ["complete"]
+        assert db.execute("SELECT count(*) FROM nodes WHERE kind='section'").fetchone() == (4,)
+    finally:
+        db.close()
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["resumed_sections"] == 0 and stats["sections"] == 4 and stats["failed_sections"] == 0
+    assert stats["plan"] == [1, 1, 2]  # every outline node asked for again (a resumed one counts 0)
+    assert (out / "book.md").read_text() != gardens_md
 
 
 def test_not_a_journal(card, tmp_path):
@@ -190,7 +206,8 @@ def test_not_a_journal(card, tmp_path):
     out.mkdir()
     (out / "journal.sqlite").write_bytes(b"this is not a database, it is a text file " * 50)
     line = one_line_error(handbook("A book", "--backend", card, "--out", str(out), *SMALL), 2)
-    assert "not a handbook journal" in line
+    # names the file, says what it is not, and how to go on
+    assert str(out / "journal.sqlite") in line and "handbook journal" in line and "--fresh" in line
 
 
 def journal_sections(out: Path) -> int:

@@ -111,33 +111,89 @@ class StatsPoller:
 # -- the fault suite --------------------------------------------------------------------------------------------
 
 
+def sections_by_backend(out: Path) -> dict[str, int]:
+    """Sections the journal holds so far, by the backend that wrote them."""
+    if not (out / "journal.sqlite").exists():
+        return {}
+    db = sqlite3.connect(out / "journal.sqlite", timeout=5)
+    try:
+        return dict(db.execute("SELECT backend, count(*) FROM nodes WHERE kind='section' GROUP BY backend"))
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return {}
+    finally:
+        db.close()
+
+
 def test_fault_suite(tmp_path):
-    """3 cards throwing 10% 500, 5% 429, 5% empty, 5% cut streams, 1% hangs; card 2 goes down about half way.
-    Every section arrives, the errors are counted, and the dead card's work went to the others."""
+    """3 cards throwing 10% 500, 5% 429, 5% empty, 5% cut streams, 1% hangs; card 2 goes down mid-job.
+    Every section arrives, no faulty reply is taken for an answer, and the dead card's work went to the others.
+
+    Card 2 runs in a simulator process of its own, stopped by the test once the journal holds a third of the
+    sections, some of them card 2's: so it always dies mid-job, whatever the machine's speed."""
     out = tmp_path / "o"
-    with SimFleet(cards=3, fail_rate=0.10, rate_limit_rate=0.05, empty_rate=0.05, drop_rate=0.05, hang_rate=0.01,
-                  down_after=8.0, down_cards=[2], fault_seed=4242) as fleet, StatsPoller(fleet) as poller:
-        cmd = job_cmd("A field guide to distributed systems", fleet.urls, out, "--parts", "2", "--chapters", "4",
+    faulty = dict(fail_rate=0.10, rate_limit_rate=0.05, empty_rate=0.05, drop_rate=0.05, hang_rate=0.01)
+    with SimFleet(cards=2, fault_seed=4242, **faulty) as live, SimFleet(cards=1, fault_seed=4243, **faulty) as doomed, \
+            StatsPoller(live) as poller, StatsPoller(doomed) as doomed_poller:
+        urls = [*live.urls, *doomed.urls]
+        cmd = job_cmd("A field guide to distributed systems", urls, out, "--parts", "2", "--chapters", "4",
                       "--sections", "12", "--words", "60", "--max-tokens", "120", "--first-token-timeout", "2")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env())
-    assert proc.returncode == 0, proc.stderr
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            done = sections_by_backend(out)
+            if sum(done.values()) >= 32 and done.get(urls[2], 0) > 0:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the job ended before card 2 was stopped: {proc.communicate()[1][-2000:]}"
+        t_down = time.time()
+        doomed.stop()  # card 2 goes away: connections dropped, nothing listens any more
+        t_gone = time.time()
+        stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr
     stats = assert_whole_book(out, 96)
-    faults = {k: sum(s["faults"][k] for s in poller.last.values()) for k in FAULTS}
+    per_card = [poller.last[0], poller.last[1], doomed_poller.last[0]]  # card 2's: its last answer before it died
+    faults = {k: sum(s["faults"][k] for s in per_card) for k in FAULTS}
     injected = sum(faults.values())
     assert faults["fail"] > 0 and faults["rate_limit"] > 0 and faults["empty"] > 0 and faults["drop"] > 0
-    # Every injected fault became a failed attempt (the dead card's refused connections come on top).
-    assert stats["request_errors"] >= injected > 0
+    assert stats["request_errors"] > 0
     nodes = 96 + 1 + 2 + 8
     retries = stats["requests"] - nodes
     assert retries >= stats["request_errors"] - 1  # each failed attempt was retried (the JSON fallback aside)
     pb = stats["per_backend"]
+    assert [b["url"] for b in pb] == urls
     assert sum(b["sections"] for b in pb) == 96
-    dead, alive = pb[2], pb[:2]
-    assert dead["left_rotation"] >= 1 and dead["errors"] > 0
-    assert 0 < dead["sections"] < min(b["sections"] for b in alive)  # it worked, died, and the rest moved
+    dead = pb[2]
+    assert dead["left_rotation"] >= 1 and dead["errors"] > 0  # it died while the job still sent it work
+    db = sqlite3.connect(out / "journal.sqlite")
+    answered = dict(db.execute("SELECT backend, count(*) FROM nodes GROUP BY backend"))
+    rows = db.execute("SELECT backend, finished_at FROM nodes WHERE kind='section'").fetchall()
+    db.close()
+    assert sum(answered.values()) == nodes
+    # Every request a card saw is accounted for, and no faulty reply was taken for an answer. A card's own counts
+    # are exact on the two live cards (polled after the job). A card out of rotation is probed with a small
+    # completion, which the faults hit too: stats.json counts those apart (probe_completions), so the bounds are
+    #   answered + failed attempts  <=  requests the card saw  <=  answered + failed attempts + probes
+    # (no attempt went uncounted, no request went unaccounted: no hidden retry), and the answers are at most the
+    # requests the card served without a fault.
+    for i in (0, 1):
+        s, n = per_card[i], answered.get(urls[i], 0)
+        cut = sum(s["faults"][k] for k in FAULTS)  # every fault kind leaves a request without a usable answer
+        assert n <= s["requests"] - cut, (i, n, s)
+        assert n + pb[i]["errors"] <= s["requests"] <= n + pb[i]["errors"] + pb[i]["probe_completions"], (i, n, pb[i], s)
+    # Where each section was written, and when (the journal's wall clock): the dead card wrote sections before
+    # it went down and none after; the job went on after that, on the other two. How many sections each card
+    # wrote depends on timing and is not asserted.
+    assert len(rows) == 96 and {url for url, _ in rows} == set(urls)
+    on_dead = [t for url, t in rows if url == dead["url"]]
+    assert len(on_dead) == dead["sections"] > 0
+    assert max(on_dead) <= t_gone + 0.5, "a section is credited to the dead card after it went down"
+    after = [url for url, t in rows if t > t_gone + 0.5]
+    assert after and dead["url"] not in after, "the job went on after the card died, on the others alone"
     print(f"\nfault suite: injected {faults} = {injected}; request_errors {stats['request_errors']}; "
           f"requests {stats['requests']} for {nodes} nodes ({retries} retries); sections lost 0; per_backend "
-          + ", ".join(f"{b['sections']} sections/{b['errors']} errors/left {b['left_rotation']}x" for b in pb))
+          + ", ".join(f"{b['sections']} sections/{b['errors']} errors/left {b['left_rotation']}x" for b in pb)
+          + f"; card 2 stopped {t_down - min(t for _, t in rows):.1f} s after the first section (took"
+          f" {t_gone - t_down:.2f} s), {len(after)} sections written after it")
 
 
 # -- kill -9 and resume -----------------------------------------------------------------------------------------
@@ -226,7 +282,8 @@ def test_ctrl_c_writes_what_exists_and_resumes(cards, tmp_path):
     assert "Incomplete" in md and "interrupted" in md
     stats = json.loads((out / "stats.json").read_text())
     assert stats["interrupted"] is True
-    assert stats["sections"] == 96 and stats["failed_sections"] == 96 - done
+    # the sections the Ctrl-C left unwritten are interrupted, not failed
+    assert stats["sections"] == 96 and stats["interrupted_sections"] == 96 - done and stats["failed_sections"] == 0
     assert (out / "outline.json").exists()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env())
     assert again.returncode == 0, again.stderr
@@ -340,21 +397,30 @@ def test_1536_streams_from_ulimit_1024(limits, lowered, tmp_path):
                       "--no-pipeline")
         proc = subprocess.run(["bash", "-c", f"{limits}; exec {shlex.join(cmd)}"], capture_output=True, text=True,
                               timeout=300, env=env())
-        served = [s["max_in_flight"] for s in fleet.all_stats()]
+        served = {url: s["max_in_flight"] for url, s in zip(fleet.urls, fleet.all_stats())}
     assert proc.returncode == 0, proc.stderr
     stats = assert_whole_book(out, 1536)
     assert stats["request_errors"] == 0
     pb = stats["per_backend"]
+    assert sorted(b["url"] for b in pb) == sorted(served)
     if lowered:
-        assert "lowering the per-backend caps" in proc.stderr
-        assert all(b["cap"] < 256 for b in pb)
-        assert sum(b["cap"] for b in pb) + 128 <= 1024
+        m = re.search(r"lowering the per-backend caps to \[([0-9, ]+)\]", proc.stderr)
+        assert m, proc.stderr
+        announced = [int(x) for x in m.group(1).split(",")]
+        assert [b["cap"] for b in pb] == announced  # stats.json records the caps the job said it would use
+        assert all(c < 256 for c in announced)
+        assert sum(announced) + 128 <= 1024
         assert all(b["max_in_flight"] <= b["cap"] for b in pb)
+        # The servers' own count: none ever had more streams in flight than its lowered cap.
+        caps = {b["url"]: b["cap"] for b in pb}
+        over = {url: (n, caps[url]) for url, n in served.items() if n > caps[url]}
+        assert not over, f"servers saw more in flight than the lowered cap (max_in_flight, cap): {over}"
     else:
         assert "open-file limit" not in proc.stderr
         assert all(b["cap"] == 256 for b in pb)
         assert sum(b["max_in_flight"] for b in pb) == 1536  # 1,536 streams in flight at once
-        assert sum(served) >= 1400  # and the servers saw (nearly) all of them at the same time
+        assert sum(served.values()) >= 1400  # and the servers saw (nearly) all of them at the same time
+        assert all(n <= 256 for n in served.values())  # never more than the cap on any server
 
 
 def test_a_section_lost_after_every_attempt_is_named_and_exits_1(tmp_path):

@@ -630,3 +630,35 @@ def test_the_published_take_preset_keeps_the_reference_settings_on_any_model(tmp
         assert r.body["temperature"] == 0 and "repetition_penalty" not in r.body
         assert [m["role"] for m in r.body["messages"]] == ["user"]
     assert all("response_format" in r.body for r in reqs if r.kind != "section")
+
+
+async def _slow_probe(url: str, dead: str, serving: dict) -> tuple[bool, bool]:
+    from orchestrator.client import BackendClient
+    from orchestrator.config import Backend
+    from orchestrator.dispatch import Fleet
+
+    async with BackendClient(Backend(url), "scripted-model") as a, BackendClient(Backend(dead), "m") as b:
+        fleet = Fleet([a, b], [4, 4], lambda e: None, probe_interval=0.1, all_down_timeout=0.5)
+        async with anyio.create_task_group() as tg:
+            await tg.start(fleet.run)
+            for c in (a, b):
+                for _ in range(3):
+                    fleet.report(c, await c.chat(c.body([{"role": "user", "content": "x"}], max_tokens=8,
+                                                        temperature=0)))
+            serving["ok"] = True  # a now answers, but its completions take 3 s (a busy engine); b stays dead
+            with anyio.move_on_after(10):
+                while not fleet.loads[0].healthy and fleet.all_down_error is None:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    return fleet.loads[0].healthy, fleet.all_down_error is None
+
+
+def test_a_slow_probe_completion_is_alive_not_down():
+    serving = {"ok": False}
+
+    def answer(req: Request) -> Answer:
+        return Answer("OK", delay_s=3) if serving["ok"] else Answer(status=503, error="busy")
+
+    with ScriptedServer(answer) as srv:
+        healthy, not_all_down = anyio.run(_slow_probe, srv.url, "http://127.0.0.1:9/v1", serving)
+    assert healthy and not_all_down
