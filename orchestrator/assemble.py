@@ -126,8 +126,15 @@ def close_fences(text: str) -> str:
 def section_body(s: SectionText) -> str:
     """A written section's text as book.md prints it under its ``####`` heading: cut back to its last complete
     sentence when the token cap stopped it (so the book never stops mid-word), its own headings demoted, a code
-    fence left open closed."""
-    text = cut_back(s.text) if s.finish_reason == "length" else s.text
+    fence left open closed. A section the model ended itself keeps every complete line, but loses a tail that is
+    no sentence (a run of hashtags, "[Insert Guide]", a bare link: what small models sign off with)."""
+    if s.finish_reason == "length":
+        text = cut_back(s.text)
+    else:
+        # Every line is complete (the model stopped), so only a tail that is no sentence goes; and only a tail: a
+        # text that would lose more than half of itself (a reply that is all headings, say) is printed as written.
+        cut = cut_back(s.text.rstrip() + "\n").rstrip("\n")
+        text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
     return close_fences(demote_headings(text, drop_title=s.title))
 
 

@@ -222,7 +222,8 @@ def defects_summary(d: dict[str, Any] | None) -> str | None:
     parts.append(f"{(d.get('duplicate_section_titles') or {}).get('count', 0)} repeated section titles")
     code = d.get("code_blocks") or {}
     if code.get("count"):
-        parts.append(f"{code['count']} code blocks ({code.get('python_syntax_errors', 0)} Python syntax errors)")
+        parts.append(f"{code['count']} code blocks ({_count(code.get('python_syntax_errors'))} with Python syntax "
+                     "errors)")
     return "; ".join(parts)
 
 

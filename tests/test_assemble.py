@@ -52,11 +52,14 @@ def test_a_section_stopped_by_the_cap_is_cut_back_in_the_book():
     sections = {
         "1.1.1": SectionText("1.1.1", "P1", "C1", "S1", capped, "length"),
         "1.1.2": SectionText("1.1.2", "P1", "C1", "S2", in_code, "length"),
-        "1.1.3": SectionText("1.1.3", "P1", "C1", "S3", capped, "stop"),  # not the cap: printed as written
+        # the model stopped, leaving a tail that is no sentence: the tail goes, the rest is printed as written
+        "1.1.3": SectionText("1.1.3", "P1", "C1", "S3", "It works well. " * 4 + "#tips #more", "stop"),
     }
     md = assemble(outline, sections).markdown
     assert "It works.\n\n#### S2" in md
     assert "Intro text.\n\n#### S3" in md  # the broken snippet and its lead-in are cut
-    assert md.rstrip().endswith("with the righ")
-    assert [s.text for s in assemble(outline, sections).sections] == [capped, in_code, capped]  # raw text kept
+    assert md.rstrip().endswith("It works well.")
+    headings_only = SectionText("1.1.3", "P1", "C1", "S3", "## 2023\n" * 10, "stop")
+    assert section_body(headings_only).count("2023") == 10  # would lose everything: printed as written
+    assert [s.text for s in assemble(outline, sections).sections][:2] == [capped, in_code]  # raw text kept
     assert section_body(sections["1.1.1"]) == "It works."

@@ -217,9 +217,9 @@ def test_printed_measure_follows_book_md():
     book = make([
         ("Cut", cut_mid_sentence, {"finish_reason": "length"}),
         ("Nothing to cut to", no_sentence, {"finish_reason": "length"}),
-        ("Stopped", prose(21) + " But it st", {"finish_reason": "stop"}),  # not the cap: printed as written
+        ("Stopped", prose(21) + " But it st", {"finish_reason": "stop"}),  # the model's own tail: cut too
     ])
     u = find_defects(book).to_json()["unterminated_blocks"]
     assert (u["count"], u["of"]) == (3, 3)
-    assert u["printed"] == {"count": 2, "of": 3, "share": round(2 / 3, 4)}
-    assert "And then it st" not in book.markdown and "But it st" in book.markdown
+    assert u["printed"] == {"count": 1, "of": 3, "share": round(1 / 3, 4)}
+    assert "And then it st" not in book.markdown and "But it st" not in book.markdown
