@@ -105,6 +105,7 @@ class BackendClient:
         self.probe_completions = 0  # probe completions sent while out of rotation (not job requests) ...
         self.probe_failures = 0  # ... and how many of them failed (a faulty server's faults hit them too)
         self.probe_tokens = 0  # completion tokens the probes made
+        self.last_probe_reached_completion = False  # the last probe got past /v1/models and its completion failed
 
     async def __aenter__(self) -> BackendClient:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True)
@@ -149,12 +150,15 @@ class BackendClient:
         if on_listening is not None:
             on_listening()
         self.probe_completions += 1
+        self.last_probe_reached_completion = False
         # Bounded by the watchdog's first-token and between-chunk timeouts, like every request.
         reply = await self.chat(self.body([{"role": "user", "content": "Say OK."}], max_tokens=8, temperature=0))
         self.probe_tokens += reply.completion_tokens  # the server counted them: stats.json's tokens_written does too
-        if reply.ok:
+        # An answer is what counts, words or not (a reasoning model may spend 8 tokens before any content).
+        if reply.ok or reply.finish_reason in ANSWERS:
             return True
         self.probe_failures += 1
+        self.last_probe_reached_completion = True
         return False
 
     def body(

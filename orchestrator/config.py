@@ -117,13 +117,13 @@ class Settings:
             **self.outline_key(),
             "words": self.words,
             "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
             "plan_max_tokens": self.plan_max_tokens,
             "templates": self.templates,
-            # only when set, so that journals written before profiles existed still resume
-            **{k: getattr(self, k) for k in ("top_p", "repetition_penalty", "frequency_penalty", "system",
-                                              "planning") if getattr(self, k) is not None},
-            **({"profile": self.profile} if self.profile != "auto" else {}),
+            # only when set, so that journals written before profiles existed (temperature 0, the reference
+            # profile) still resume; a journal's check compares the keys this run has
+            **{k: getattr(self, k) for k in ("temperature", "top_p", "repetition_penalty", "frequency_penalty",
+                                              "system", "planning") if getattr(self, k) is not None},
+            **({"profile": self.profile} if self.profile not in ("auto", "reference") else {}),
         }
 
     def public(self) -> dict[str, Any]:
@@ -204,10 +204,17 @@ def unique_backends(backends: list[Backend]) -> list[Backend]:
     return out
 
 
+def redact(url: str) -> str:
+    """A URL fit for a message: whatever stands before an "@" in its authority is hidden."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^@]*@", r"\1***@", url.strip()) if "@" in url else url
+
+
 def normalise_url(url: str) -> str:
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("a backend URL is empty")
     u = url.strip().rstrip("/")
+    if "@" in u:  # credentials split_credentials could not take apart: never quote them back
+        url = redact(u)
     parsed = urlparse(u)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"malformed backend URL {url!r}: expected http(s)://HOST[:PORT]/v1")

@@ -46,7 +46,8 @@ class BackendLoad:
     errors: int = 0
     down_since: float | None = None
     trips: int = 0  # times it left the rotation
-    listening_since: float | None = None  # out of rotation, but its last probe found it answering /v1/models
+    listening_since: float | None = None  # out of rotation, its probe completion on its way (/v1/models answered)
+    probe_failed: bool = False  # a probe completion failed during this outage: listening no longer counts
 
 
 @dataclass(order=True)
@@ -197,13 +198,16 @@ class Fleet:
                 load.healthy = True
                 load.consecutive_failures = 0
                 load.down_since = None
+                load.probe_failed = False
                 self._emit(BackendState(load.client.url, True, "answering again", time.monotonic()))
                 self._grant()
                 return
             # A server whose probe completion is still on its way (it answered /v1/models; a busy CPU engine
             # queues the completion behind its running streams) is alive: it does not count towards "every
             # backend stopped answering". One whose completion failed does.
-            if all(not x.healthy and x.listening_since is None for x in self.loads):
+            if load.client.probe_completions and not back:
+                load.probe_failed = load.probe_failed or load.client.last_probe_reached_completion
+            if all(not x.healthy and (x.listening_since is None or x.probe_failed) for x in self.loads):
                 all_down_since = max(x.down_since or time.monotonic() for x in self.loads)
                 if time.monotonic() - all_down_since > self._all_down_timeout and self.all_down_error is None:
                     self.all_down_error = BackendError(
@@ -344,7 +348,8 @@ def rejects_structured_output(error: str | None) -> bool:
     """Does a 400's message say the server cannot do ``response_format``? A 400 about something else (the
     context length, say) must not switch structured output off for the whole run."""
     msg = error or ""
-    return bool(_STRUCTURED.search(msg)) and not _NOT_ABOUT_FORMAT.search(msg)
+    # A bare "HTTP 400 Bad Request" may well be the schema: fall back unless the message says it is not.
+    return not _NOT_ABOUT_FORMAT.search(msg)
 
 
 def _is_json(text: str) -> bool:

@@ -194,6 +194,8 @@ def report(result) -> int:
         print(f"handbook: interrupted: {done} of {result.stats['sections']} sections written (book.md is marked "
               "incomplete); rerun the same command to resume", file=sys.stderr)
         return 130
+    if result.typeset_error and not result.complete:
+        print(f"handbook: error: {result.typeset_error}", file=sys.stderr)
     if not result.complete:
         print(f"handbook: {len(result.failed_sections)} section(s) failed or came back empty:", file=sys.stderr)
         refs = {r.path: r.title for r in result.outline.sections()}

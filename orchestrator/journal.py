@@ -330,8 +330,10 @@ def _has_tables(conn: sqlite3.Connection) -> bool:
 def _migrate_1(conn: sqlite3.Connection) -> None:
     """Schema 1 -> 2: planning nodes gain ``value`` (absent for old nodes: they are re-parsed from their reply),
     and the ``committed`` table is added."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
     with conn:
-        conn.execute("ALTER TABLE nodes ADD COLUMN value TEXT")
+        if "value" not in columns:  # a migration cut short before its version was written: do only the rest
+            conn.execute("ALTER TABLE nodes ADD COLUMN value TEXT")
         conn.executescript(_SCHEMA)
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 

@@ -172,7 +172,7 @@ def _top_list(lines: list[str]) -> list[str]:
             expected = k + 1
             continue
         after = next((x for x in numbers[i + 1:] if x is not None), None)
-        if after is None or after > expected:  # the bullet stands where a number is missing
+        if after is not None and after > expected:  # the bullet stands where a number is missing
             out.append(m.group("text"))
             expected += 1
     return out
@@ -309,8 +309,8 @@ def parse_titles(
     """
     title, items = extract_titles(text)
     if fixed and items[: len(fixed)] != list(fixed):
-        taken = {norm(x) for x in fixed}
-        items = list(fixed) + [x for x in items if norm(x) not in taken]
+        fixed_norms = {norm(x) for x in fixed}
+        items = list(fixed) + [x for x in items if norm(x) not in fixed_norms]
     if fixed_title:
         title = fixed_title
     if not strict:
@@ -447,6 +447,13 @@ class TitleStream:
             m = _LIST_LINE.match(line)
             if m:
                 indent, kind = _indent(m.group("indent")), _marker_kind(m.group("marker"))
+                if kind == "bullet":
+                    # Bullets may be notes around a numbered list (the final parse decides): never commit one
+                    # while streaming; a bulleted list's children start when its reply is complete.
+                    if self._level is None or indent <= self._level[0]:
+                        self.stalled = True
+                        return
+                    continue
                 if self._level is None:
                     self._level = (indent, kind)  # the first list line sets the list's indent and marker
                 if indent > self._level[0]:
@@ -823,9 +830,15 @@ class Planner:
 
         def restore(stored) -> Titles | None:
             value = stored.value
-            if isinstance(value, dict) and isinstance(value.get("items"), list) and len(value["items"]) == n:
+            if isinstance(value, dict) and isinstance(value.get("items"), list) and 1 <= len(value["items"]) <= n:
+                # as accepted, fewer titles included (a node's last attempt may keep fewer than asked)
                 return Titles(value.get("title"), tuple(str(x) for x in value["items"]))
-            return validate(stored.reply()) if value is None else None  # a schema-1 journal: parse the reply
+            if value is None:  # a schema-1 journal: parse the stored reply, without touching this run's re-asks
+                try:
+                    return parse_titles(stored.text, n, want_title, avoid=exp.avoid)
+                except ValueError:
+                    return None
+            return None
 
         out = await self.d.run(
             path, kind, label, build, validate, priority=(0, 0),
@@ -905,7 +918,8 @@ class Planner:
                 request=self.prompt, book=book, part=part, index=pi + 1, count=s.parts, siblings=before,
             )
             chapter_lists[pi] = got.items
-            for ci in range(started, len(got.items)):
+            # strict mode starts no child while a reply streams, even for titles restored from the journal
+            for ci in range(started if tg is not None else 0, len(got.items)):
                 if tg is not None:
                     start_chapter(ci, got.items[ci], None)
                 else:

@@ -299,7 +299,7 @@ class _Job:
                 if outcome.attempts == 0:
                     resumed_sections += 1
                 elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
-                    r = await self._finish(dispatcher, ref, messages, r, profile)
+                    r = await self._finish(dispatcher, ref, messages, r, profile, outcome.value)
                 repaired = (outcome.value or {}).get("repaired_from") if r.ok else None
                 sections[ref.path] = SectionText(
                     ref.path, ref.part, ref.chapter, ref.title,
@@ -416,7 +416,7 @@ class _Job:
                       interrupted=self.stop.reason == "interrupt", typeset_error=typeset_error)
 
     async def _finish(self, dispatcher: Resuming, ref: SectionRef, messages: list[dict[str, str]], first: Reply,
-                      profile: Profile) -> Reply:
+                      profile: Profile, value: Any = None) -> Reply:
         """``--finish-truncated``: one short continuation request for a section stopped by the token cap. The
         section keeps finish_reason "length" (defects count it as truncated, as generated); book.md gets the
         finished text. A failed continuation leaves the section as it was (cut back in book.md)."""
@@ -436,7 +436,7 @@ class _Job:
         joiner = "" if first.text.endswith((" ", "\n")) or out.reply.text.startswith((" ", "\n")) else " "
         done = dc_replace(first, text=first.text + joiner + out.reply.text.strip(),
                           completion_tokens=first.completion_tokens + out.reply.completion_tokens)
-        self.journal.record(ref.path, "section", ref.title, done, out.attempts + first.attempt)
+        self.journal.record(ref.path, "section", ref.title, done, out.attempts + first.attempt, value)
         return done
 
     async def _typeset(self, book: Book, paths: dict[str, Path], stats: dict[str, Any]) -> str | None:

@@ -127,7 +127,8 @@ def test_resume_after_a_reasked_chapter_keeps_every_text_under_its_own_heading(t
     assert stats["resumed_sections"] == 4 and stats["failed_sections"] == 0
 
 
-def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tmp_path):
+@pytest.mark.parametrize("rerun", [[], ["--no-pipeline"]])
+def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tmp_path, rerun):
     """Killed while chapter "Basics" is still streaming its list: A and B are committed and their sections
     written. The rerun asks for the chapter again (telling it to keep A and B); whatever it answers, A and B stay
     first and their sections are not asked for again."""
@@ -154,7 +155,7 @@ def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tm
         proc.wait(10)
         state["run"] = 2
         before = len(srv.requests)
-        again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+        again = subprocess.run(cmd + rerun, capture_output=True, text=True, timeout=120, env=env())
         assert again.returncode == 0, again.stderr
         rerun = srv.requests[before:]
     md = (out / "book.md").read_text()
@@ -274,6 +275,8 @@ MESSY = [
      None, ["Alpha", "Beta", "Gamma"]),
     ('[{"title": "Alpha"}, {"title": "Beta"}, {"title": "Gamma"}]', None, ["Alpha", "Beta", "Gamma"]),
     ("Title: My Book\n1. Alpha\n2. Beta\n3. Gamma\n4. Delta", "My Book", ["Alpha", "Beta", "Gamma", "Delta"]),
+    ("Notes:\n- Keep Titles Short\n1. Alpha\n2. Beta\n3. Gamma", None, ["Alpha", "Beta", "Gamma"]),
+    ("1. Alpha\n2. Beta\n3. Gamma\n- a final note", None, ["Alpha", "Beta", "Gamma"]),
 ]
 
 
@@ -662,3 +665,30 @@ def test_a_slow_probe_completion_is_alive_not_down():
     with ScriptedServer(answer) as srv:
         healthy, not_all_down = anyio.run(_slow_probe, srv.url, "http://127.0.0.1:9/v1", serving)
     assert healthy and not_all_down
+
+
+def test_a_journal_written_before_this_version_resumes(tmp_path):
+    """Schema 1 (no ``value`` column, no ``committed`` table, temperature 0.0 in its key) is migrated and resumed
+    with the default settings."""
+    from orchestrator.client import Reply
+    from orchestrator.config import Settings
+    from orchestrator.journal import SCHEMA_VERSION, Journal
+
+    j = Journal.open(tmp_path, "A book", Settings(parts=1, chapters=1, sections=2))
+    j.record("1.1.1", "section", "S1", Reply("Old text.", "stop", 1, 2, "u", 0.0, 0.0, 1.0), 1)
+    j.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite")
+    key = json.loads(db.execute("SELECT value FROM meta WHERE key = 'key'").fetchone()[0])
+    db.execute("UPDATE meta SET value = ? WHERE key = 'key'", (json.dumps({**key, "temperature": 0.0}),))
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.execute("DROP TABLE committed")
+    db.execute("ALTER TABLE nodes DROP COLUMN value")
+    db.commit()
+    db.close()
+    j = Journal.open(tmp_path, "A book", Settings(parts=1, chapters=1, sections=2))
+    assert j.get("1.1.1", "section", "S1").text == "Old text."
+    j.commit_titles("1.1", "C", None, ["S1"])  # the migrated journal has the new table
+    j.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    db.close()
