@@ -111,7 +111,8 @@ def test_resume_after_a_reasked_chapter_keeps_every_text_under_its_own_heading(t
         proc.wait(10)
         written = dict(journal_rows(out, "SELECT path, title FROM nodes WHERE kind = 'section'"))
         assert written == {"1.1.1": "A", "1.1.2": "B", "1.1.3": "X", "1.1.4": "Y"}
-        assert [r.title for r in srv.of("section")][:2] == ["A", "B"]  # A and B started while the list streamed
+        # A and B started while the list streamed, before X and Y (in either order: they start together)
+        assert sorted(r.title for r in srv.of("section")[:2]) == ["A", "B"]
 
         state["run"] = 2
         before = len(srv.requests)
