@@ -12,6 +12,7 @@ from markdown_it import MarkdownIt
 
 from .outline import Outline
 from .repair import cut_back
+from .repair import norm_title as normalise_title  # the one normal form of titles
 
 INTERRUPTED = "interrupted before it was written"
 
@@ -69,10 +70,6 @@ def count_words(text: str) -> int:
 
 
 _md = MarkdownIt("commonmark")
-
-
-def normalise_title(title: str) -> str:
-    return re.sub(r"[^\w]+", " ", title.lower()).strip()
 
 
 def demote_headings(text: str, below: int = 4, drop_title: str | None = None) -> str:

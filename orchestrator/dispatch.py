@@ -205,8 +205,7 @@ class Fleet:
             # A server whose probe completion is still on its way (it answered /v1/models; a busy CPU engine
             # queues the completion behind its running streams) is alive: it does not count towards "every
             # backend stopped answering". One whose completion failed does.
-            if load.client.probe_completions and not back:
-                load.probe_failed = load.probe_failed or load.client.last_probe_reached_completion
+            load.probe_failed = load.probe_failed or load.client.last_probe_reached_completion
             if all(not x.healthy and (x.listening_since is None or x.probe_failed) for x in self.loads):
                 all_down_since = max(x.down_since or time.monotonic() for x in self.loads)
                 if time.monotonic() - all_down_since > self._all_down_timeout and self.all_down_error is None:

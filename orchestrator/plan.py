@@ -37,9 +37,10 @@ from .events import LevelPlanned, NodeFinished
 from .outline import Chapter, Outline, Part
 from .profiles import PROFILES, Profile
 from .prompts import book_phrase, few_shot_messages, list_schema, render
+from .repair import MAX_TITLE_WORDS, title_debris
+from .repair import norm_title as norm
 
 MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
-MAX_TITLE_WORDS = 12  # repair.title_debris enforces the same limit
 RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see Planner._temperature)
 
 
@@ -83,10 +84,6 @@ def clean_title(t: str) -> str:
     t = t.strip("\"'“”‘’*_ ").strip()
     t = t.rstrip(":").strip()
     return " ".join(t.split())
-
-
-def norm(t: str) -> str:
-    return re.sub(r"[^\w]+", " ", t.lower()).strip()
 
 
 def _indent(s: str) -> int:
@@ -230,9 +227,6 @@ def book_title_from_prompt(prompt: str) -> str:
 
 _WORDLIKE = re.compile(r"[^\W\d_]")  # at least one letter
 _DEBRIS = re.compile(r'[{}\[\]"]|\d+(?:\.\d+){3,}')  # JSON fragments, "1.1.1.1" chains
-_PLACEHOLDER = re.compile(
-    r"^(?:part|chapter|section|item|title|topic|heading|subtitle|name)(?:\s+(?:\d+(?:\.\d+)*|[ivxlc]+|[a-z]))?$", re.I
-)
 
 
 def weak_title(title: str, avoid: frozenset[str], taken: frozenset[str] | set[str] = frozenset()) -> str | None:
@@ -242,8 +236,6 @@ def weak_title(title: str, avoid: frozenset[str], taken: frozenset[str] | set[st
     dates and stamps, file names, placeholders, over-long lines), a copy of an ancestor's or the book's title
     (``avoid``: their normalised forms) or a near copy of one (see :func:`_near_copy`), or a title already used
     elsewhere in the outline (``taken``, normalised; only for profiles that want a distinct outline)."""
-    from .repair import title_debris
-
     if len(title) > MAX_TITLE_CHARS:
         return f"title too long ({len(title)} characters): {title[:60]!r}..."
     why = title_debris(title, avoid)

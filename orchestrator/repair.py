@@ -376,7 +376,8 @@ _FILE_NAME = re.compile(r"^[\w.-]+\.(?:md|json|csv|html?|xml|png|jpe?g|gif|svg|z
 _LETTER = re.compile(r"[^\W\d_]")
 
 
-def _norm_title(title: str) -> str:
+def norm_title(title: str) -> str:
+    """The one normal form titles are compared in (the planner's, the assembler's and the checker's)."""
     return re.sub(r"[^\w]+", " ", title.lower()).strip()
 
 
@@ -394,7 +395,7 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
     small model's replies): this one is the quality checker's, applied to the finished outline.
     """
     t = " ".join(title.split())
-    n = _norm_title(t)
+    n = norm_title(t)
     checks = (
         (not t or not _LETTER.search(t), "no letters: not a title"),
         (bool(_DATE.search(t)), "a date or a time"),
@@ -405,8 +406,8 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
         (bool(_PLACEHOLDER.match(t)), "a placeholder"),
         (len(t.split()) > MAX_TITLE_WORDS, f"over {MAX_TITLE_WORDS} words"),
         (t.endswith((":", ",", ";")) or t.startswith((":", ",", ";")), "a fragment"),
-        (n in {_norm_title(a) for a in ancestors}, "a copy of a parent's or the book's title"),
-        (n in {_norm_title(s) for s in siblings}, "a repeat of an earlier title under the same parent"),
+        (n in {norm_title(a) for a in ancestors}, "a copy of a parent's or the book's title"),
+        (n in {norm_title(s) for s in siblings}, "a repeat of an earlier title under the same parent"),
     )
     for hit, why in checks:
         if hit:

@@ -30,6 +30,7 @@ class JobRecord:
     t_end: float
     resumed_sections: int = 0
     server_counted: dict[str, Any] | None = None
+    probe_tokens: int = 0  # tokens of the health probes' completions: the servers counted them too
     typeset_s: float | None = None
     pdf_pages: int | None = None
 
@@ -41,7 +42,7 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     section_replies = [r for k, r in rec.replies if k == "section"]
     plan_replies = [r for k, r in rec.replies if k != "section"]
     section_tokens = sum(r.completion_tokens for r in section_replies)
-    tokens = sum(r.completion_tokens for _, r in rec.replies)
+    tokens = sum(r.completion_tokens for _, r in rec.replies) + rec.probe_tokens
     write_s = (
         rec.t_write_end - rec.t_write_start
         if rec.t_write_start is not None and rec.t_write_end is not None

@@ -385,6 +385,7 @@ class _Job:
                 t_end=t_end,
                 resumed_sections=resumed_sections,
                 server_counted=counted,
+                probe_tokens=sum(load.client.probe_tokens for load in fleet.loads),
             )
         )
         for warning in stats["warnings"]:  # e.g. a backend that sent no usage: tokens_written undercounts
@@ -398,8 +399,6 @@ class _Job:
             pb["probe_completions"] = load.client.probe_completions
             pb["probe_failures"] = load.client.probe_failures
             pb["probe_tokens"] = load.client.probe_tokens
-        # The servers counted the probes' few tokens too: tokens_written is everything this run had generated.
-        stats["tokens_written"] += sum(load.client.probe_tokens for load in fleet.loads)
         _write_stats(self.out_dir, stats, paths)
         paths["journal"] = journal.path
         journal.end_run(self.status, self.requests)

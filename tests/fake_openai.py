@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from local_http import LocalHTTPServer
 
 
-class FakeServer:
+class FakeServer(LocalHTTPServer):
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
                  retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = (),
                  section_chunk_delay: float = 0.0):
@@ -42,48 +43,6 @@ class FakeServer:
         self.chat_requests: list[float] = []  # arrival times (time.monotonic())
         self.auth_seen: list[str] = []
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def __enter__(self) -> FakeServer:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):  # quiet
-                pass
-
-            def do_GET(self):
-                server._get(self)
-
-            def do_POST(self):
-                server._post(self)
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-
-    # -- handlers ---------------------------------------------------------------------------------------------
-
-    def _send(self, h, status: int, body: bytes, ctype: str = "application/json", headers: dict | None = None):
-        h.send_response(status)
-        h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.end_headers()
-        h.wfile.write(body)
 
     def _authorised(self, h) -> bool:
         if self.mode != "auth":

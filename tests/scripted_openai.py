@@ -22,7 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from local_http import LocalHTTPServer
 
 _KINDS = (
     ("chapter", re.compile(r'section titles for chapter "(.*?)"')),
@@ -55,7 +56,7 @@ class Answer:
     chunk: int = 8
 
 
-class ScriptedServer:
+class ScriptedServer(LocalHTTPServer):
     def __init__(self, answer: Callable[[Request], Answer], model: str = "scripted-model"):
         self.answer = answer
         self.model = model
@@ -64,53 +65,14 @@ class ScriptedServer:
         self.hosts: list[str] = []
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
         self._stopping = threading.Event()
-
-    @property
-    def port(self) -> int:
-        assert self._httpd is not None
-        return self._httpd.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def of(self, kind: str) -> list[Request]:
         return [r for r in self.requests if r.kind == kind]
 
-    def __enter__(self) -> ScriptedServer:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                server._get(self)
-
-            def do_POST(self):
-                server._post(self)
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-
-    def _send(self, h, status: int, body: bytes) -> None:
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+        self._stopping.set()  # release streams held open (hang_after) before the server shuts down
+        super().__exit__(*exc)
 
     def _get(self, h) -> None:
         with self._lock:

@@ -6,13 +6,11 @@ Every job here is the real CLI in a subprocess against simulated cards (or a tin
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,21 +18,11 @@ from pathlib import Path
 import anyio
 import pytest
 from fake_openai import FakeServer
+from local_http import env, job_cmd
 
 from orchestrator.sim.launch import SimFleet
 
 FAULTS = ("fail", "rate_limit", "empty", "drop", "hang")
-
-
-def job_cmd(prompt: str, urls: list[str], out: Path, *extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "orchestrator", prompt, "--out", str(out), "--format", "md", "-q", *extra]
-    for u in urls:
-        cmd += ["--backend", u]
-    return cmd
-
-
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
 
 
 def journal_sections(out: Path) -> int:

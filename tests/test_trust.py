@@ -4,7 +4,6 @@ corrupt journals, credentials. Jobs run as the real CLI against a scripted OpenA
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import sqlite3
@@ -15,18 +14,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from local_http import env, job_cmd
 from scripted_openai import Answer, Request, ScriptedServer, prose, titles
-
-
-def job_cmd(prompt: str, urls: list[str], out: Path, *extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "orchestrator", prompt, "--out", str(out), "--format", "md", "-q", *extra]
-    for u in urls:
-        cmd += ["--backend", u]
-    return cmd
-
-
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
 
 
 def sections_of(md: str) -> dict[str, str]:
@@ -68,14 +57,18 @@ def wait_until(cond, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 SHAPE = ["--parts", "1", "--chapters", "2", "--sections", "4", "--attempts", "3"]
 
 
-def book_answer(req: Request) -> Answer | None:
+def book_answer(req: Request) -> Answer:
+    """A well-behaved model for the SHAPE book: one part, chapters "Basics" and "Practice", four sections each
+    ("Basics 1"...), prose naming its section. Tests answer their special cases first and hand the rest here."""
     if req.kind == "book":
         return Answer(titles(["Foundations"], "The Test Book"))
     if req.kind == "part":
         return Answer(titles(["Basics", "Practice"]))
+    if req.kind == "chapter":
+        return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
     if req.kind == "section":
         return Answer(prose(req.title))
-    return None
+    raise AssertionError(f"unexpected request: {req.prompt[:200]!r}")
 
 
 # -- 1. resume integrity ----------------------------------------------------------------------------------------
@@ -98,9 +91,7 @@ def test_resume_after_a_reasked_chapter_keeps_every_text_under_its_own_heading(t
             if state["run"] == 1:
                 return Answer(titles(["P1", "P2", "P3", "P4"]), delay_s=120)  # still planning at the kill
             return Answer(titles(["P1", "P2", "P3", "P4"]))
-        a = book_answer(req)
-        assert a is not None
-        return a
+        return book_answer(req)
 
     with ScriptedServer(answer) as srv:
         cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
@@ -143,9 +134,7 @@ def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tm
             return Answer(titles(["X", "Y", "Z", "W"]))
         if req.kind == "chapter" and req.title == "Practice":
             return Answer(titles(["P1", "P2", "P3", "P4"]))
-        a = book_answer(req)
-        assert a is not None
-        return a
+        return book_answer(req)
 
     with ScriptedServer(answer) as srv:
         cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
@@ -235,8 +224,6 @@ def test_partial_and_heading_only_replies_are_retried_never_journaled(tmp_path):
     out = tmp_path / "o"
 
     def answer(req: Request) -> Answer:
-        if req.kind == "chapter":
-            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
         if req.kind == "section" and req.nth == 1:
             if req.title == "Basics 1":
                 return Answer(prose(req.title)[:30], finish_reason="abort")
@@ -244,9 +231,7 @@ def test_partial_and_heading_only_replies_are_retried_never_journaled(tmp_path):
                 return Answer(f"## {req.title}\n\n", finish_reason="stop")
             if req.title == "Basics 3":
                 return Answer("", finish_reason="content_filter")
-        a = book_answer(req)
-        assert a is not None
-        return a
+        return book_answer(req)
 
     with ScriptedServer(answer) as srv:
         run = subprocess.run(job_cmd("A test book", [srv.url], out, *SHAPE), capture_output=True, text=True,
@@ -392,14 +377,7 @@ def test_a_typesetting_failure_keeps_the_book_stats_defects_and_journal(tmp_path
     broken.mkdir()
     (broken / "book.html.j2").write_text("{% for x in %}broken{% endfor %}")  # a template that cannot compile
 
-    def answer(req: Request) -> Answer:
-        if req.kind == "chapter":
-            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
-        a = book_answer(req)
-        assert a is not None
-        return a
-
-    with ScriptedServer(answer) as srv:
+    with ScriptedServer(book_answer) as srv:
         cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
         cmd[cmd.index("--format") + 1] = "md,pdf"
         run = subprocess.run([*cmd, "--templates", str(broken)], capture_output=True, text=True, timeout=180,
@@ -421,14 +399,7 @@ def test_a_typesetting_failure_keeps_the_book_stats_defects_and_journal(tmp_path
 def test_the_same_server_twice_is_one_backend_with_one_cap(tmp_path):
     out = tmp_path / "o"
 
-    def answer(req: Request) -> Answer:
-        if req.kind == "chapter":
-            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
-        a = book_answer(req)
-        assert a is not None
-        return a
-
-    with ScriptedServer(answer) as srv:
+    with ScriptedServer(book_answer) as srv:
         urls = [srv.url, f"http://localhost:{srv.port}/v1", srv.url + "/"]
         run = subprocess.run(job_cmd("A test book", urls, out, *SHAPE, "--cap", "3"), capture_output=True,
                              text=True, timeout=120, env=env())
@@ -445,9 +416,7 @@ def test_a_second_job_on_the_same_out_dir_is_refused(tmp_path):
     def answer(req: Request) -> Answer:
         if req.kind == "chapter":
             return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]), delay_s=30)
-        a = book_answer(req)
-        assert a is not None
-        return a
+        return book_answer(req)
 
     with ScriptedServer(answer) as srv:
         cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
@@ -500,14 +469,7 @@ def test_credentials_in_a_backend_url_are_sent_but_never_written(tmp_path):
     out = tmp_path / "o"
     secret = "s3cr3t-Pa55"
 
-    def answer(req: Request) -> Answer:
-        if req.kind == "chapter":
-            return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
-        a = book_answer(req)
-        assert a is not None
-        return a
-
-    with ScriptedServer(answer) as srv:
+    with ScriptedServer(book_answer) as srv:
         url = f"http://reader:{secret}@127.0.0.1:{srv.port}/v1"
         run = subprocess.run(job_cmd("A test book", [url], out, *SHAPE), capture_output=True, text=True,
                              timeout=120, env=env())
