@@ -213,7 +213,7 @@ def _child(markdown_path: str, out_dir: str, workers: int | None) -> None:
         # seen to stop silently mid-flow on long documents).
         from pypdf import PdfReader
 
-        from orchestrator.typeset_html import parse_book, plain_text, render_inline
+        from orchestrator.typeset.html import parse_book, plain_text, render_inline
 
         text = " ".join(" ".join(p.extract_text().split()) for p in PdfReader(str(info.pdf_path)).pages)
         titles = [" ".join(plain_text(render_inline(n.title)).split()) for n in parse_book(markdown).walk()]

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from orchestrator import cli
-from orchestrator.bench import BenchSettings, add_arguments, run_ladder, settings_from_args
-from orchestrator.bench_report import chart_svg, fit_step
+from orchestrator.bench.ladder import BenchSettings, add_arguments, run_ladder, settings_from_args
+from orchestrator.bench.report import chart_svg, fit_step
 from orchestrator.errors import ConfigError
 from orchestrator.sim.launch import SimFleet
 

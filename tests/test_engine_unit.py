@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestrator import engine as E
+from orchestrator.engine import process as E
 from orchestrator.errors import BackendError, ConfigError
 
 FAKE_SERVER = textwrap.dedent(

@@ -13,7 +13,8 @@ from orchestrator.client import BackendClient
 from orchestrator.config import Backend
 from orchestrator.dispatch import Dispatcher, Fleet
 from orchestrator.events import LevelPlanned, NodeStarted
-from orchestrator.plan import Planner, TitleStream, _Expansion, extract_titles, parse_titles
+from orchestrator.plan import Planner, TitleStream, extract_titles, parse_titles
+from orchestrator.plan.planner import _Expansion
 from orchestrator.sim.launch import SimFleet
 
 

@@ -24,7 +24,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from pypdf import PdfReader
 
-from orchestrator import engine as E
+from orchestrator.engine import process as E
 
 pytestmark = pytest.mark.real_engine
 

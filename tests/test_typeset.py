@@ -14,9 +14,9 @@ import pytest
 import weasyprint  # noqa: F401  -- a dependency: missing, these tests fail at import (never skip)
 
 from orchestrator.errors import ConfigError
-from orchestrator.typeset import TypesetInfo, add_arguments, run, template_dir, typeset, typeset_to
-from orchestrator.typeset_html import highlight, parse_book, render_inline, render_markdown
-from orchestrator.typeset_pdf import TypesetError, plan_chunks
+from orchestrator.typeset.book import TypesetInfo, add_arguments, run, template_dir, typeset, typeset_to
+from orchestrator.typeset.html import highlight, parse_book, render_inline, render_markdown
+from orchestrator.typeset.pdf import TypesetError, plan_chunks
 
 A5 = (419.5, 595.3)
 _WORDS = ["the", "service", "keeps", "its", "queue", "small", "because", "every", "request", "that", "waits", "costs", "memory", "and", "latency", "while", "the", "cache", "answers", "most", "reads", "so", "the", "database", "sees", "only", "writes", "and", "a", "few", "misses", "which", "we", "measure", "with", "metrics", "that", "alert", "the", "team", "before", "users", "notice"]
@@ -128,7 +128,7 @@ def test_template_dir_finds_the_bundled_templates():
 
 
 def test_asset_fetcher_serves_only_our_assets(tmp_path):
-    from orchestrator.typeset_worker import ASSET_BASE, AssetFetcher
+    from orchestrator.typeset.worker import ASSET_BASE, AssetFetcher
 
     (tmp_path / "logo.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
     f = AssetFetcher([str(tmp_path)])

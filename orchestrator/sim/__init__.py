@@ -3,7 +3,7 @@
 * :mod:`orchestrator.sim.engine` - the engine model (continuous batching, linear step cost, KV limit);
 * :mod:`orchestrator.sim.text` - deterministic answers (title lists, JSON, Markdown prose) and tokenisation;
 * :mod:`orchestrator.sim.server` - the aiohttp app of one card, with fault injection;
-* :mod:`orchestrator.sim.cli` - ``handbook sim``;
+* :mod:`orchestrator.cli.sim` - ``handbook sim``;
 * :mod:`orchestrator.sim.launch` - :class:`SimFleet`, for tests and benchmarks.
 """
 

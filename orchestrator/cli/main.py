@@ -9,13 +9,13 @@ import argparse
 import importlib
 import sys
 
-from .errors import HandbookError, unwrap
+from ..errors import HandbookError, unwrap
 
 SUBCOMMANDS = {
-    "sim": ("orchestrator.sim.cli", "start N simulated GPU servers (vLLM-like) on 127.0.0.1"),
-    "bench": ("orchestrator.bench", "throughput ladder against servers, read from their counters"),
-    "typeset": ("orchestrator.typeset", "typeset existing Markdown into an A5 PDF"),
-    "engine": ("orchestrator.engine", "start, stop or inspect the embedded local engine"),
+    "sim": ("orchestrator.cli.sim", "start N simulated GPU servers (vLLM-like) on 127.0.0.1"),
+    "bench": ("orchestrator.bench.ladder", "throughput ladder against servers, read from their counters"),
+    "typeset": ("orchestrator.typeset.book", "typeset existing Markdown into an A5 PDF"),
+    "engine": ("orchestrator.engine.process", "start, stop or inspect the embedded local engine"),
 }
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
             module.add_arguments(parser)
             args = parser.parse_args(argv[1:])
             return int(module.run(args) or 0)
-        from .job_cli import run_job_cli
+        from .job import run_job_cli
 
         return run_job_cli(argv)
     except BaseExceptionGroup as group:

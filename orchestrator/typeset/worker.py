@@ -1,6 +1,6 @@
 """One WeasyPrint layout, in its own process: a chunk of the book (a part, or the title page and contents) -> PDF.
 
-Started by orchestrator/typeset_pdf.py (see ``_BOOTSTRAP`` there; ``python -m orchestrator.typeset_worker`` works
+Started by orchestrator/typeset_pdf.py (see ``_BOOTSTRAP`` there; ``python -m orchestrator.typeset.worker`` works
 too): each worker imports WeasyPrint once and lays out the chunks it is sent, one at a time. The parent never
 imports this module (it only merges).
 """
@@ -25,8 +25,8 @@ from markupsafe import Markup
 from weasyprint import HTML
 from weasyprint.urls import URLFetcher, URLFetcherResponse
 
-from .typeset_html import Node, document_html, render_nodes
-from .typeset_ipc import frame, read_frame
+from .html import Node, document_html, render_nodes
+from .ipc import frame, read_frame
 
 # pydyf (WeasyPrint's PDF writer) deflates every stream at zlib level 9. Measured on a 171-page part's content
 # streams: level 9 takes 0.46 s of CPU, level 6 (zlib's default) 0.07 s for 14% more bytes. Level 6 it is.

@@ -10,9 +10,9 @@ from typing import Any
 
 import anyio
 
-from .config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
-from .errors import TYPESET_FAILED_EXIT, ConfigError
-from .profiles import PLANNING_STYLES, PROFILE_NAMES
+from ..config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
+from ..errors import TYPESET_FAILED_EXIT, ConfigError
+from ..profiles import PLANNING_STYLES, PROFILE_NAMES
 
 SHAPE = ("parts", "chapters", "sections")
 LOCAL_DEFAULT_SHAPE = {"parts": 3, "chapters": 3, "sections": 4}
@@ -172,7 +172,7 @@ def report(result) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .report import ROW_COLUMNS, row_cells, server_counted_line
+    from ..report import ROW_COLUMNS, row_cells, server_counted_line
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
@@ -238,17 +238,17 @@ async def _run_with_displays(prompt, backends, settings, out, args, done: dict[s
     print the report, then keep the feed up as asked."""
     from contextlib import AsyncExitStack
 
-    from .run import agenerate
+    from ..run import agenerate
 
     consumers: list[Any] = []
     async with AsyncExitStack() as stack:
         if not args.quiet:
-            from .progress import Progress
+            from ..progress import Progress
 
             consumers.append(stack.enter_context(Progress()))
         feed = None
         if args.feed is not None:
-            from .feed import Feed
+            from ..feed import Feed
 
             feed = await stack.enter_async_context(
                 Feed(port=args.feed, linger=args.feed_linger, templates=settings.templates)

@@ -18,8 +18,8 @@ import sys
 import time
 
 from ..errors import ConfigError
-from .engine import EngineConfig
-from .server import Card, SimConfig
+from ..sim.engine import EngineConfig
+from ..sim.server import Card, SimConfig
 
 HOST = "127.0.0.1"
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from .errors import ConfigError
-from .typeset_html import (
+from ..errors import ConfigError
+from .html import (
     Node,
     document_html,
     parse_book,
@@ -58,7 +58,7 @@ class TypesetInfo:
 def template_dir() -> Path:
     """The bundled templates: ``orchestrator/templates`` in a wheel (hatch force-include), or the repository's
     top-level ``templates/`` in an editable install or a checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     for candidate in (here / "templates", here.parent / "templates"):
         if (candidate / "book.html.j2").is_file():
             return candidate
@@ -135,7 +135,7 @@ def typeset_to(
     if pdf_path is not None:
         if importlib.util.find_spec("weasyprint") is None:
             raise ConfigError("PDF output needs WeasyPrint: pip install weasyprint (or ask for --format html)")
-        from .typeset_pdf import default_workers, render_pdf
+        from .pdf import default_workers, render_pdf
 
         n_workers = workers or default_workers()
         run = render_pdf(root, Path(pdf_path), dirs, workers=n_workers, want_fragments=html_path is not None)

@@ -3,7 +3,7 @@
 Runs as a standalone script inside the engine's environment (the one that has vllm, transformers, gguf and
 accelerate), never imported by the handbook package itself:
 
-    <engine python> engine_convert.py DEST [--gguf FILE]
+    <engine python> convert.py DEST [--gguf FILE]
 
 vLLM 0.32 cannot load GGUF, so transformers dequantizes it (Q4_1 -> float32 weights) and writes a
 safetensors folder with ``tokenizer.json`` and the chat template. DEST must not exist; the caller writes into a

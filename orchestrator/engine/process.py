@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from .errors import BackendError, ConfigError
+from ..errors import BackendError, ConfigError
 
 MODEL_NAME = "smollm2-135m-instruct"  # the name the server answers to (/v1/models)
 MODEL_FORMAT = 1  # bump to make every cache convert again
@@ -54,7 +54,7 @@ MAX_MODEL_LEN = 2048
 KVCACHE_GIB = 1  # 46,592 tokens of KV cache for this model
 INSTALL_COMMAND = "handbook engine install"
 INSTALL_HINT = f"install it with `{INSTALL_COMMAND}` (or scripts/install-local-engine.sh; about 2 minutes, 3.5 GB)"
-CONVERT_SCRIPT = Path(__file__).with_name("engine_convert.py")  # run by the engine's Python, not imported
+CONVERT_SCRIPT = Path(__file__).with_name("convert.py")  # run by the engine's Python, not imported
 # A job on the local engine that was given no shape gets this one, so that it ends in minutes on a CPU.
 LOCAL_DEFAULT_SHAPE = (3, 3, 4)
 

@@ -30,15 +30,15 @@ from typing import Any
 import anyio
 import orjson
 
-from .client import BackendClient, Reply
-from .dispatch import Dispatcher
-from .errors import PlanError
-from .events import LevelPlanned, NodeFinished
-from .outline import Chapter, Outline, Part
-from .profiles import PROFILES, Profile
-from .prompts import book_phrase, few_shot_messages, list_schema, render
-from .repair import MAX_TITLE_WORDS, title_debris
-from .repair import norm_title as norm
+from ..client import BackendClient, Reply
+from ..dispatch import Dispatcher
+from ..errors import PlanError
+from ..events import LevelPlanned, NodeFinished
+from ..outline import Chapter, Outline, Part
+from ..profiles import PROFILES, Profile
+from ..prompts import book_phrase, few_shot_messages, list_schema, render
+from ..repair import MAX_TITLE_WORDS, title_debris
+from ..repair import norm_title as norm
 
 MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
 RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see Planner._temperature)

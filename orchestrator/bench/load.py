@@ -35,8 +35,8 @@ import aiohttp
 import anyio
 import orjson
 
-from .errors import BackendError
-from .metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
+from ..errors import BackendError
+from ..metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
 
 PROMPT = (
     "{n}. Request number {n} of a throughput benchmark. Write a long, detailed technical article of about "

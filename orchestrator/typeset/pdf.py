@@ -30,9 +30,9 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from .errors import HandbookError
-from .typeset_html import Node, plain_text, render_inline
-from .typeset_ipc import frame, read_frame
+from ..errors import HandbookError
+from .html import Node, plain_text, render_inline
+from .ipc import frame, read_frame
 
 PX_TO_PT = 0.75  # WeasyPrint's CSS px -> PDF pt
 
@@ -88,7 +88,7 @@ _BOOTSTRAP = (
     "pkg = types.ModuleType('orchestrator')\n"
     "pkg.__path__ = [sys.argv[1]]\n"
     "sys.modules['orchestrator'] = pkg\n"
-    "from orchestrator.typeset_worker import main\n"
+    "from orchestrator.typeset.worker import main\n"
     "main()\n"
 )
 
@@ -106,7 +106,7 @@ class _Worker:
         self.job: int | None = None
         self.stderr_tail = b""
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP, str(Path(__file__).resolve().parent)],
+            [sys.executable, "-c", _BOOTSTRAP, str(Path(__file__).resolve().parent.parent)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
         )
         self._events = events
@@ -241,7 +241,7 @@ def plan_chunks(root: Node, max_chunk_chars: int) -> list[list[Node]]:
 
 
 def _toc_jobs(root: Node, numbers: dict[str, str] | None) -> list[dict[str, str]]:
-    from .typeset_html import render_inline, toc_entries
+    from .html import render_inline, toc_entries
 
     out = []
     for n in toc_entries(root):
@@ -259,7 +259,7 @@ def render_pdf(
     want_fragments: bool = False,
     max_chunk_chars: int = MAX_CHUNK_CHARS,
 ) -> PdfRun:
-    from .typeset_html import render_inline, render_markdown
+    from .html import render_inline, render_markdown
 
     t0 = time.perf_counter()
     workers = workers or default_workers()
@@ -327,7 +327,7 @@ def render_pdf(
 
 
 def _toc_entries(root: Node) -> list[dict[str, str]]:
-    from .typeset_html import render_inline, toc_entries
+    from .html import render_inline, toc_entries
 
     return [{"kind": n.kind, "id": n.id, "title_html": render_inline(n.title)} for n in toc_entries(root)]
 

@@ -5,7 +5,7 @@
     handbook bench compare A.json B.json
 
 For each level N, N streaming requests per backend are kept in flight for the whole window (see
-:mod:`orchestrator.bench_load` for the method); the figures come from ``vllm:generation_tokens_total`` sampled
+:mod:`orchestrator.bench.load` for the method); the figures come from ``vllm:generation_tokens_total`` sampled
 every 0.5 s (:mod:`orchestrator.metrics`). Writes ``ladder.json``, ``ladder.csv`` and ``ladder.svg`` into
 ``--out`` and prints a table like the reference's Table 1; ``compare`` prints a ratio table like its Table 2.
 
@@ -42,8 +42,11 @@ import anyio
 import orjson
 from rich.console import Console
 
-from .bench_load import Target, measure_level, wait_drained
-from .bench_report import (
+from ..config import normalise_url
+from ..errors import BackendError, ConfigError, HandbookError
+from ..metrics import MetricsSampler
+from .load import Target, measure_level, wait_drained
+from .report import (
     chart_svg,
     compare_table,
     fit_line,
@@ -52,9 +55,6 @@ from .bench_report import (
     stdout_console,
     write_csv,
 )
-from .config import normalise_url
-from .errors import BackendError, ConfigError, HandbookError
-from .metrics import MetricsSampler
 
 DEFAULT_STREAMS = (1, 4, 8, 16, 32, 64, 128, 256)
 CONFIG_KEYS = {"backends", "streams", "window", "max_tokens", "out", "model", "ramp", "interval", "label"}
