@@ -54,8 +54,10 @@ bench: install
 	$(PY) benchmarks/client_overhead.py
 	$(PY) benchmarks/published_take.py
 
+# Ruff (with the async and RUF rules) and mypy; .ci/run runs this before the tests.
 lint: install
 	$(VENV)/bin/ruff check orchestrator tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) handbook-out test-artifacts .pytest_cache

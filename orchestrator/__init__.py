@@ -6,22 +6,70 @@ The public API::
     result = generate("Write me a complete software engineering handbook",
                       backends=[Backend("http://gpu1:8000/v1", cap=256)],
                       settings=Settings(parts=8, chapters=12, sections=16), out="out/")
+
+Importing the package is cheap: each name is imported on first use (PEP 562), so ``import orchestrator`` pulls in
+neither WeasyPrint nor rich, and a typesetting worker or ``handbook sim`` loads only what it needs.
 """
 
-from .config import PRESETS, Backend, Settings
-from .errors import BackendError, ConfigError, HandbookError, Interrupted, PlanError
-from .outline import Chapter, Outline, Part
-from .run import Result, agenerate, generate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ below imports on first use
+    from .config import PRESETS, Backend, Settings
+    from .errors import BackendError, ConfigError, HandbookError, Interrupted, PlanError
+    from .events import (
+        BackendState,
+        Delta,
+        Event,
+        JobFinished,
+        JobStarted,
+        LevelPlanned,
+        MetricsSample,
+        NodeFailed,
+        NodeFinished,
+        NodeStarted,
+        OutlineReady,
+    )
+    from .outline import Chapter, Outline, Part
+    from .run import Result, agenerate, generate
+
+# name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(["PRESETS", "Backend", "Settings"], ".config"),
+    **dict.fromkeys(["BackendError", "ConfigError", "HandbookError", "Interrupted", "PlanError"], ".errors"),
+    **dict.fromkeys(
+        [
+            "BackendState", "Delta", "Event", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample",
+            "NodeFailed", "NodeFinished", "NodeStarted", "OutlineReady",
+        ],
+        ".events",
+    ),
+    **dict.fromkeys(["Chapter", "Outline", "Part"], ".outline"),
+    **dict.fromkeys(["Result", "agenerate", "generate"], ".run"),
+}
 
 __all__ = [
     "PRESETS",
     "Backend",
     "BackendError",
+    "BackendState",
     "Chapter",
     "ConfigError",
+    "Delta",
+    "Event",
     "HandbookError",
     "Interrupted",
+    "JobFinished",
+    "JobStarted",
+    "LevelPlanned",
+    "MetricsSample",
+    "NodeFailed",
+    "NodeFinished",
+    "NodeStarted",
     "Outline",
+    "OutlineReady",
     "Part",
     "PlanError",
     "Result",
@@ -29,3 +77,16 @@ __all__ = [
     "agenerate",
     "generate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

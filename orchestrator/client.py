@@ -68,7 +68,7 @@ _DONE = b"[DONE]"
 class _Watch:
     """Last-activity stamp of one in-flight stream, checked by the client's watchdog."""
 
-    __slots__ = ("scope", "last", "first", "timed_out")
+    __slots__ = ("first", "last", "scope", "timed_out")
 
     def __init__(self, scope: anyio.CancelScope, now: float):
         self.scope = scope

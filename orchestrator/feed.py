@@ -35,7 +35,6 @@ import math
 import secrets
 import threading
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any, Self
 
 import anyio
@@ -46,25 +45,12 @@ from aiohttp import hdrs, web
 from .errors import ConfigError
 from .events import Delta, JobFinished, NodeFailed, NodeFinished, NodeStarted
 from .progress import JobState
+from .resources import template_dirs
 
-__all__ = ["Feed", "feed_template_dir"]
+__all__ = ["Feed"]
 
 OP_OVERHEAD = 160  # bytes charged per pending op, so that many tiny ops also count against the cap
 ERROR_CHARS = 300
-
-
-def feed_template_dir(override: str | None = None) -> Path:
-    """Where feed.html.j2 lives: ``override`` if given, else the wheel's ``orchestrator/templates``, else the
-    repository's top-level ``templates/`` (the same rule as every other template)."""
-    if override:
-        p = Path(override)
-        if (p / "feed.html.j2").is_file():
-            return p
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parent / "templates"):
-        if (candidate / "feed.html.j2").is_file():
-            return candidate
-    raise FileNotFoundError("templates/feed.html.j2 is missing from this installation")
 
 
 class _Op:
@@ -261,9 +247,8 @@ class Feed:
         await self.aclose()
 
     async def start(self) -> Feed:
-        directory = feed_template_dir(self.templates)
         env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(directory)),
+            loader=jinja2.FileSystemLoader([str(d) for d in template_dirs(self.templates)]),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
@@ -302,7 +287,7 @@ class Feed:
         assert self._closed is not None, "the feed is not started"
         await self._closed.wait()
 
-    async def linger(self, seconds: float | None | Any = ...) -> None:
+    async def linger(self, seconds: float | Any | None = ...) -> None:
         """Keep the page up after the job: until :meth:`close`, Ctrl-C (cancellation), or ``seconds`` pass
         (default: the ``linger`` given to the constructor; None waits for ever)."""
         s = self.linger_s if seconds is ... else seconds

@@ -345,7 +345,7 @@ def _lock(path: Path) -> Any:
 
     lock_path = path.with_name(path.name + ".lock")
     try:
-        f = open(lock_path, "a+")  # noqa: SIM115 - held open for the job's lifetime
+        f = open(lock_path, "a+")
     except OSError as e:
         raise ConfigError(f"cannot create the lock file {lock_path}: {e.strerror or e}") from None
     try:

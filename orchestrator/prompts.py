@@ -4,36 +4,18 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from .errors import ConfigError
-
-
-def template_dir(override: str | None = None) -> Path:
-    """The templates folder: an override, else the one shipped in the wheel, else the repo's top-level one."""
-    if override:
-        p = Path(override)
-        if not p.is_dir():
-            raise ConfigError(f"--templates {override!r} is not a directory")
-        return p
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parent / "templates"):
-        if candidate.is_dir():
-            return candidate
-    raise ConfigError("the bundled templates are missing from this installation")
+from .resources import template_dirs
 
 
 @lru_cache(maxsize=8)
-def _env(directory: str) -> jinja2.Environment:
-    base = Path(directory)
-    # An override folder may hold only some templates: fall back to the bundled ones for the rest.
-    loaders = [jinja2.FileSystemLoader(str(base / "prompts"))]
-    bundled = template_dir(None) / "prompts"
-    if bundled != base / "prompts":
-        loaders.append(jinja2.FileSystemLoader(str(bundled)))
+def _env(override: str | None) -> jinja2.Environment:
+    # An override folder may hold only some templates: the bundled ones stand behind it (resources.template_dirs).
+    loaders = [jinja2.FileSystemLoader(str(d)) for d in template_dirs(override, "prompts")]
     return jinja2.Environment(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
@@ -43,7 +25,7 @@ def _env(directory: str) -> jinja2.Environment:
 
 
 def render(name: str, templates: str | None = None, **values: Any) -> str:
-    env = _env(str(template_dir(templates)))
+    env = _env(templates or None)
     try:
         return env.get_template(f"{name}.j2").render(**values).strip()
     except jinja2.TemplateNotFound:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import resource
 import signal
 import sys
 import threading
@@ -26,6 +25,7 @@ from .dispatch import Dispatcher, Fleet
 from .errors import BackendError, ConfigError, HandbookError, Interrupted, unwrap
 from .events import JobFinished, JobStarted, NodeFinished, OutlineReady
 from .journal import Journal, Resuming
+from .osutil import prepare_out_dir, raise_open_file_limit
 from .outline import Outline, SectionRef
 from .plan import Planner
 from .profiles import Profile, resolve_profile
@@ -82,38 +82,23 @@ def default_out(prompt: str) -> Path:
 
 
 def prepare_out(out: str | os.PathLike | None, prompt: str) -> Path:
-    path = Path(out) if out is not None else default_out(prompt)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".handbook-write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"cannot write to output directory {path}: {e.strerror or e}") from None
-    return path
+    return prepare_out_dir(out if out is not None else default_out(prompt))
 
 
 def ensure_open_files(caps: list[int]) -> list[int]:
     """Raise the open-file soft limit to what the fan-out needs; if the hard limit is lower, shrink the caps
     (and say so) rather than let sockets fail."""
     needed = sum(caps) + FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY or soft >= needed:
+    soft = raise_open_file_limit(needed)
+    if soft >= needed:
         return caps
     room = max(len(caps), soft - FD_RESERVE)
     scale = room / sum(caps)
     new = [max(1, math.floor(c * scale)) for c in caps]
     log.warning(
-        "the open-file limit is %d (hard limit %s) but %d concurrent streams need %d; "
+        "the open-file limit is %d (it cannot be raised further) but %d concurrent streams need %d; "
         "lowering the per-backend caps to %s so no socket fails",
-        soft, hard, sum(caps), needed, new,
+        soft, sum(caps), needed, new,
     )
     return new
 

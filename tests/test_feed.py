@@ -32,7 +32,8 @@ from feed_synth import HOSTILE, synthetic_job
 
 from orchestrator.client import Reply
 from orchestrator.events import Delta, JobFinished, MetricsSample, NodeFinished, NodeStarted
-from orchestrator.feed import Feed, feed_template_dir
+from orchestrator.feed import Feed
+from orchestrator.resources import bundled_templates
 
 pytestmark = pytest.mark.anyio
 
@@ -335,7 +336,7 @@ async def test_events_from_another_thread_are_handed_to_the_loop():
 
 
 async def test_page_loads_nothing_from_the_network_and_forbids_inline_handlers(tmp_path):
-    template = (feed_template_dir() / "feed.html.j2").read_text()
+    template = (bundled_templates() / "feed.html.j2").read_text()
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", template)
     assert "@import" not in template and "url(" not in template
     async with Feed(port=0) as feed, aiohttp.ClientSession() as http:

@@ -14,7 +14,8 @@ import pytest
 import weasyprint  # noqa: F401  -- a dependency: missing, these tests fail at import (never skip)
 
 from orchestrator.errors import ConfigError
-from orchestrator.typeset.book import TypesetInfo, add_arguments, run, template_dir, typeset, typeset_to
+from orchestrator.resources import bundled_templates
+from orchestrator.typeset.book import TypesetInfo, add_arguments, run, typeset, typeset_to
 from orchestrator.typeset.html import highlight, parse_book, render_inline, render_markdown
 from orchestrator.typeset.pdf import TypesetError, plan_chunks
 
@@ -123,7 +124,7 @@ def test_highlight_uses_few_spans():
 
 
 def test_template_dir_finds_the_bundled_templates():
-    d = template_dir()
+    d = bundled_templates()
     assert (d / "book.html.j2").is_file() and (d / "book.css").is_file()
 
 

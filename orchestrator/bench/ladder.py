@@ -45,6 +45,7 @@ from rich.console import Console
 from ..config import normalise_url
 from ..errors import BackendError, ConfigError, HandbookError
 from ..metrics import MetricsSampler
+from ..osutil import prepare_out_dir, raise_open_file_limit
 from .load import Target, measure_level, wait_drained
 from .report import (
     chart_svg,
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("usage: handbook bench compare A.json B.json")
         return compare(words[1], words[2])
     settings = settings_from_args(args)
-    out = _prepare_out(settings.out)
+    out = prepare_out_dir(settings.out)
     _raise_open_file_limit(max(settings.streams) * len(settings.backends) + 4 * len(settings.backends) + 64)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     ladder = anyio.run(_run_unwrapped, settings, err, lambda partial: write_outputs(partial, out))
@@ -240,34 +241,12 @@ def write_outputs(ladder: dict[str, Any], out: Path) -> None:
     (out / "ladder.svg").write_text(chart_svg(ladder), encoding="utf-8")
 
 
-def _prepare_out(path: str) -> Path:
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"cannot create output directory {out}: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"output directory {out} is not writable")
-    return out
-
-
 def _raise_open_file_limit(needed: int) -> None:
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft >= needed:
-        return
-    if hard != resource.RLIM_INFINITY and hard < needed:
+    if raise_open_file_limit(needed) < needed:
         raise ConfigError(
-            f"the ladder needs about {needed} open files but the hard limit is {hard}; "
+            f"the ladder needs about {needed} open files but the limit cannot be raised that far; "
             "lower --streams or raise the limit (ulimit -Hn)"
         )
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"cannot raise the open-file limit to {needed}: {e}") from None
 
 
 def _print_time_scale_note(ladder: dict[str, Any], console: Console) -> None:

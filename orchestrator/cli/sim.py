@@ -18,6 +18,7 @@ import sys
 import time
 
 from ..errors import ConfigError
+from ..osutil import raise_open_file_limit
 from ..sim.engine import EngineConfig
 from ..sim.server import Card, SimConfig
 
@@ -133,18 +134,6 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, int, int, int]:
     return cfg, cards, args.port, procs
 
 
-def _raise_nofile() -> None:
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-        if soft < want:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
 async def _serve(cfg: SimConfig, indexes: list[int], first_port: int, ready, stop_fd: int | None = None) -> None:
     """Run some cards until SIGINT/SIGTERM (or until ``stop_fd`` reaches EOF: the parent went away)."""
     loop = asyncio.get_running_loop()
@@ -194,7 +183,7 @@ def _worker(conn, stop_r: int, cfg: SimConfig, indexes: list[int], first_port: i
     except ConfigError as e:
         conn.send(("error", str(e)))
         os._exit(2)
-    except BaseException as e:  # noqa: BLE001 - report anything to the parent
+    except BaseException as e:
         with contextlib.suppress(Exception):
             conn.send(("error", f"{type(e).__name__}: {e}"))
         os._exit(1)
@@ -203,7 +192,7 @@ def _worker(conn, stop_r: int, cfg: SimConfig, indexes: list[int], first_port: i
 
 def run(args: argparse.Namespace) -> int:
     cfg, cards, port, procs = build_config(args)
-    _raise_nofile()
+    raise_open_file_limit(65536)  # each card holds a socket per stream
     if procs == 1:
         try:
             asyncio.run(_serve(cfg, list(range(cards)), port, lambda c: _print_ready(c, cfg, 1)))

@@ -31,7 +31,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..errors import BackendError, ConfigError
+from ..osutil import free_port, port_free
 
 MODEL_NAME = "smollm2-135m-instruct"  # the name the server answers to (/v1/models)
 MODEL_FORMAT = 1  # bump to make every cache convert again
@@ -349,21 +349,6 @@ def _child_env(cache: Path, tmpdir: Path) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _health(base: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/health", timeout=timeout) as r:
@@ -564,7 +549,7 @@ class LocalEngine:
     def _launch(self, model: Path) -> _Startup:
         py = require_engine_python(self.cache_dir)
         port = self.port if self.port is not None else free_port()
-        if self.port is not None and not _port_free(port):
+        if self.port is not None and not port_free(port):
             raise ConfigError(f"port {port} on 127.0.0.1 is already in use")
         self._proc, self.log = _spawn(self.cache_dir, py, model, port, tie_to_parent=True)
         self.port = port
@@ -716,7 +701,7 @@ def start_background(
             return state
         model = prepare_model(cache, on_progress=on_progress)
         py = require_engine_python(cache)
-        if port is not None and not _port_free(port):
+        if port is not None and not port_free(port):
             raise ConfigError(f"port {port} on 127.0.0.1 is already in use")
         port = port if port is not None else free_port()
         proc, log = _spawn(cache, py, model, port, tie_to_parent=False)

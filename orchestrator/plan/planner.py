@@ -624,7 +624,7 @@ class _Expansion:
             return
         try:
             self._advance(text)
-        except Exception:  # noqa: BLE001 - never let a parsing surprise reach the client's stream loop
+        except Exception:
             self.following = False
 
     def _advance(self, text: str) -> None:

@@ -251,7 +251,7 @@ class Engine:
     def _call_sink(self, s: Stream) -> None:
         try:
             s.sink(s)
-        except Exception:  # noqa: BLE001 - a broken sink must not stop the card: end that stream, report once
+        except Exception:
             s.sink = None
             s.cancelled = True
             s._wake()

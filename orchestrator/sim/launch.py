@@ -91,7 +91,7 @@ class SimFleet:
         self._reader: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------
-    def __enter__(self) -> SimFleet:  # noqa: PYI034 - SimFleet is final
+    def __enter__(self) -> SimFleet:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

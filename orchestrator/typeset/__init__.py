@@ -1,5 +1,5 @@
 """Typesetting: book Markdown -> HTML -> an A5 PDF with WeasyPrint, laid out in parallel worker processes."""
 
-from .book import TypesetInfo, template_dir, typeset, typeset_to
+from .book import TypesetInfo, typeset, typeset_to
 
-__all__ = ["TypesetInfo", "template_dir", "typeset", "typeset_to"]
+__all__ = ["TypesetInfo", "typeset", "typeset_to"]

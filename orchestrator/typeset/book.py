@@ -25,6 +25,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from ..errors import ConfigError
+from ..resources import template_dirs
 from .html import (
     Node,
     document_html,
@@ -35,10 +36,9 @@ from .html import (
     toc_entries,
 )
 
-__all__ = ["FORMATS", "TypesetInfo", "add_arguments", "run", "template_dir", "typeset", "typeset_to"]
+__all__ = ["FORMATS", "TypesetInfo", "add_arguments", "run", "typeset", "typeset_to"]
 
 FORMATS = ("md", "html", "pdf")
-TEMPLATE_FILES = ("book.html.j2", "book.css")
 
 
 @dataclass(frozen=True)
@@ -55,27 +55,8 @@ class TypesetInfo:
     worker_peak_rss_mb: float | None = None  # the largest peak RSS of any one layout process
 
 
-def template_dir() -> Path:
-    """The bundled templates: ``orchestrator/templates`` in a wheel (hatch force-include), or the repository's
-    top-level ``templates/`` in an editable install or a checkout."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "templates", here.parent / "templates"):
-        if (candidate / "book.html.j2").is_file():
-            return candidate
-    raise ConfigError(
-        f"the book templates are missing (looked in {here / 'templates'} and {here.parent / 'templates'})"
-    )
-
-
 def _template_dirs(templates: str | Path | None) -> list[str]:
-    dirs = [str(template_dir())]
-    if templates is not None:
-        d = Path(templates).expanduser()
-        if not d.is_dir():
-            raise ConfigError(f"--templates {d}: not a directory")
-        if any((d / f).is_file() for f in TEMPLATE_FILES):
-            dirs.insert(0, str(d.resolve()))
-    return dirs
+    return [str(d) for d in template_dirs(templates)]
 
 
 def _formats(formats: Iterable[str]) -> set[str]:

@@ -411,7 +411,7 @@ def _digit_data(pattern: str) -> _DigitData:
                 ascent=round(hhea.ascent * scale, 1),
                 descent=round(hhea.descent * scale, 1),
             )
-        except Exception as e:  # noqa: BLE001  (fall back to a standard font below)
+        except Exception as e:
             logging.getLogger(__name__).debug("digits font from %s failed: %s", path, e)
     return _DigitData(name="Helvetica-Bold" if bold else "Helvetica", data=None, widths=(556.0,) * 10)
 

@@ -162,7 +162,7 @@ def _toc_lines(doc) -> dict[str, tuple[int, float, float, bool]]:
                 weight = box.style["font_weight"]
                 out[name] = (i, float(line.position_y + line.baseline), float(box.style["font_size"]),
                              isinstance(weight, int | float) and weight >= 600)
-    except Exception:  # noqa: BLE001  (the fallback in the merge covers it)
+    except Exception:
         return {}
     return out
 
@@ -188,7 +188,7 @@ def main() -> None:
         try:
             result = layout_chunk(job)
             _send(stdout, ("done", job["index"], result))
-        except Exception as e:  # noqa: BLE001  -- reported to the parent, which raises
+        except Exception as e:
             _send(stdout, ("error", job["index"], f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         del job
         gc.collect()

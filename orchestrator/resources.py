@@ -1,0 +1,43 @@
+"""The one template locator: the bundled templates and a user's override folder, for prompts, the book and the feed.
+
+Rule (the same for every template): an override folder must exist; it may hold only some templates, and the bundled
+ones stand behind it for the rest. The bundled folder is ``orchestrator/templates`` in a wheel (hatch force-include)
+or the repository's top-level ``templates/`` in a checkout or an editable install.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import ConfigError
+
+__all__ = ["bundled_templates", "template_dirs"]
+
+_MARKER = "book.html.j2"  # present in every complete templates folder
+
+
+@lru_cache(maxsize=1)
+def bundled_templates() -> Path:
+    here = Path(__file__).resolve().parent
+    candidates = (here / "templates", here.parent / "templates")
+    for candidate in candidates:
+        if (candidate / _MARKER).is_file():
+            return candidate
+    raise ConfigError(
+        "the bundled templates are missing from this installation (looked in "
+        + " and ".join(str(c) for c in candidates) + ")"
+    )
+
+
+def template_dirs(override: str | Path | None = None, sub: str = "") -> list[Path]:
+    """The folders to load templates from, first match wins: ``override/sub`` (when given), then the bundled
+    ``sub`` folder. A missing override folder is a :class:`ConfigError`."""
+    bundled = bundled_templates() / sub if sub else bundled_templates()
+    if override is None or override == "":
+        return [bundled]
+    folder = Path(override).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"--templates {override}: not a directory")
+    folder = folder.resolve() / sub if sub else folder.resolve()
+    return [folder, bundled] if folder != bundled else [bundled]
