@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sqlite3
 import sys
@@ -31,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from orchestrator.plan import norm, weak_title  # noqa: E402
-from orchestrator.repair import loop_reason, title_debris  # noqa: E402
+from orchestrator.plan import weak_title
+from orchestrator.repair import loop_reason, title_debris
+from orchestrator.repair import norm_title as norm
 
 EXAMPLES = 5  # examples shown per check
 
@@ -263,7 +261,7 @@ def table(out: str, r: dict[str, Any]) -> str:
                 + [f"  loop: {e['title']!r}: {e['reason']}" for e in lp["examples"]]
                 + ([f"  mid-sentence: {e['title']!r} ends {e['last_line']!r}" for e in me["examples"]] if me else []))
     if examples:
-        lines += ["examples:"] + examples
+        lines += ["examples:", *examples]
     return "\n".join(lines)
 
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
 import socket
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from orchestrator.osutil import free_port, raise_open_file_limit
 
 CHUNKS_PER_REQUEST = 100  # ~ a 400-token section at stream interval 4
 MODEL = "bench-model"
@@ -265,10 +264,7 @@ LABELS = {"ours": "ours: BackendClient.chat (aiohttp, raw SSE frames, orjson)",
 
 
 def run_client(kind: str, url: str, streams: int, requests: int) -> dict:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = streams + 256
-    if soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+    raise_open_file_limit(streams + 256)
     import anyio
 
     # Imports are not part of the cost per chunk: load everything the client uses before measuring.
@@ -280,7 +276,7 @@ def run_client(kind: str, url: str, streams: int, requests: int) -> dict:
         import aiohttp  # noqa: F401
         import orjson  # noqa: F401
 
-        import orchestrator.client  # noqa: F401
+        import orchestrator.client
         import orchestrator.config  # noqa: F401
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -294,14 +290,6 @@ def run_client(kind: str, url: str, streams: int, requests: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def start_server(interval: float) -> tuple[subprocess.Popen, str]:

@@ -25,21 +25,18 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
 import resource
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import anyio
 
-import anyio  # noqa: E402
-
-from orchestrator import Settings, agenerate  # noqa: E402
-from orchestrator.config import PRESETS  # noqa: E402
-from orchestrator.events import JobStarted, NodeFailed, NodeFinished, NodeStarted  # noqa: E402
-from orchestrator.sim.launch import SimFleet  # noqa: E402
+from orchestrator import Settings, agenerate
+from orchestrator.config import PRESETS
+from orchestrator.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
+from orchestrator.sim.launch import SimFleet
 
 STEP_MS, PER_STREAM_MS, CAP = 12.94, 0.2451, 256
 

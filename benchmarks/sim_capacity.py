@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import aiohttp
 import orjson

@@ -35,8 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from orchestrator.assemble import Book, SectionText, assemble
 from orchestrator.outline import Chapter, Outline, Part
 
@@ -126,7 +124,7 @@ def section_text(rng: random.Random, title: str, target: int, cap_words: int = 3
     i = 0
     while words < target:
         i += 1
-        if want_code and n_code == 0 and i == code_at or (n_code == 1 and rng.random() < 0.02):
+        if (want_code and n_code == 0 and i == code_at) or (n_code == 1 and rng.random() < 0.02):
             lang, code = _code(rng)
             blocks.append(f"```{lang}\n{code}```")
             words += len(code.split())

@@ -32,8 +32,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
         NodeStarted,
         OutlineReady,
     )
+    from .finish import Result
     from .outline import Chapter, Outline, Part
-    from .run import Result, agenerate, generate
+    from .run import agenerate, generate
 
 # name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -47,7 +48,8 @@ _EXPORTS: dict[str, str] = {
         ".events",
     ),
     **dict.fromkeys(["Chapter", "Outline", "Part"], ".outline"),
-    **dict.fromkeys(["Result", "agenerate", "generate"], ".run"),
+    "Result": ".finish",
+    **dict.fromkeys(["agenerate", "generate"], ".run"),
 }
 
 __all__ = [

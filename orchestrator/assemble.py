@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 
+from .cutback import cut_back
 from .outline import Outline
-from .repair import cut_back
-from .repair import norm_title as normalise_title  # the one normal form of titles
+from .repair import norm_title
 
 INTERRUPTED = "interrupted before it was written"
 
@@ -90,7 +90,7 @@ def demote_headings(text: str, below: int = 4, drop_title: str | None = None) ->
             level = int(tok.tag[1])
             content = tokens[i + 1].content if i + 1 < len(tokens) else ""
             start, end = tok.map
-            if first_block and drop_title and normalise_title(content) == normalise_title(drop_title):
+            if first_block and drop_title and norm_title(content) == norm_title(drop_title):
                 edits.append((start, end, None))
             else:
                 new_level = min(below + level, 6)

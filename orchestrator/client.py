@@ -1,80 +1,26 @@
-"""The one place where HTTP and SDK errors become ours. Returns Reply values, never raises for a failed request."""
+"""The wire: the one place where HTTP and SDK errors become ours. Returns Reply values, never raises for a failed
+request.
+
+Requests stream through aiohttp + orjson (the hot path; the reading itself is sse.py); the openai SDK
+(max_retries=0) is the client for everything else: model discovery and validation (``discover``). Structured
+output is decided here too: a client sends ``response_format`` until its server refuses it (``send``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import time
+from collections.abc import Callable
+from typing import Any
 
+import aiohttp
+import anyio
+import orjson
 
-@dataclass(frozen=True)
-class Reply:
-    """The outcome of one attempt at one request.
-
-    ``error`` is None for a usable answer. ``retryable`` says whether another attempt may succeed;
-    ``retry_after`` carries a server's Retry-After in seconds; ``health`` is True when the failure says something
-    about the backend itself (connection refused, timeout, 5xx, cut stream) rather than about this request.
-    """
-
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    backend: str
-    t_start: float
-    t_first: float | None
-    t_end: float
-    error: str | None = None
-    status: int | None = None
-    retryable: bool = False
-    retry_after: float | None = None
-    health: bool = False
-    attempt: int = 1
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The streaming hot path.
-#
-# Section and planning requests are streamed with aiohttp + orjson rather than the openai SDK: the SDK's typed
-# stream costs ~108 µs of CPU per SSE chunk here (NOTES.md), aiohttp + orjson ~10 µs, and at 1,536 concurrent
-# streams that difference decides whether one process keeps up with the fleet. The openai SDK (max_retries=0)
-# is still the client for everything else: model discovery and validation (``discover``).
-# --------------------------------------------------------------------------------------------------------------
-
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import aiohttp  # noqa: E402
-import anyio  # noqa: E402
-import orjson  # noqa: E402
-
-from .config import Backend  # noqa: E402
-from .errors import BackendError, ConfigError  # noqa: E402
-
-# Only these finish reasons are answers: "stop" (the model ended) and "length" (the token cap; a truncated but
-# real answer). vLLM and SGLang also send "abort"; servers send "error" and "content_filter".
-ANSWERS = frozenset({"stop", "length"})
-# Other servers' names for the same two (TGI's native "eos_token" and "stop_sequence", "max_tokens").
-FINISH_SYNONYMS = {"eos_token": "stop", "eos": "stop", "stop_sequence": "stop", "end_turn": "stop",
-                   "max_tokens": "length", "max_length": "length"}
-
-_DATA = b"data:"
-_DONE = b"[DONE]"
-
-
-class _Watch:
-    """Last-activity stamp of one in-flight stream, checked by the client's watchdog."""
-
-    __slots__ = ("first", "last", "scope", "timed_out")
-
-    def __init__(self, scope: anyio.CancelScope, now: float):
-        self.scope = scope
-        self.last = now
-        self.first = False
-        self.timed_out = False
+from .config import Backend
+from .errors import BackendError, ConfigError
+from .reply import ANSWERS, FINISH_SYNONYMS, Reply
+from .sse import StreamState, Watch, read_events
 
 
 class BackendClient:
@@ -94,13 +40,15 @@ class BackendClient:
         self.backend = backend
         self.url = backend.url
         self.model = model
-        self.json_schema_ok: bool | None = None  # learnt on first use
+        # Does the server honour response_format? None until it answered a structured request with JSON (True) or
+        # refused one with a 400 about it (False): see send().
+        self.json_schema_ok: bool | None = None
         self._key = backend.api_key or api_key or "EMPTY"
         self._connect_timeout = connect_timeout
         self._first_timeout = first_token_timeout
         self._chunk_timeout = chunk_timeout
         self._session: aiohttp.ClientSession | None = None
-        self._watches: set[_Watch] = set()
+        self._watches: set[Watch] = set()
         self._chat_url = f"{self.url}/chat/completions"
         self.probe_completions = 0  # probe completions sent while out of rotation (not job requests) ...
         self.probe_failures = 0  # ... and how many of them failed (a faulty server's faults hit them too)
@@ -130,7 +78,6 @@ class BackendClient:
             for w in list(self._watches):
                 limit = self._chunk_timeout if w.first else self._first_timeout
                 if now - w.last > limit:
-                    w.timed_out = True
                     w.scope.cancel()
 
     async def probe(self, on_listening: Callable[[], None] | None = None) -> bool:
@@ -161,6 +108,11 @@ class BackendClient:
         self.last_probe_reached_completion = True
         return False
 
+    @property
+    def structured(self) -> bool:
+        """Will a schema passed to :meth:`body` be sent? Yes until the server refused one."""
+        return self.json_schema_ok is not False
+
     def body(
         self,
         messages: list[dict[str, str]],
@@ -171,7 +123,8 @@ class BackendClient:
         sampling: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A streamed chat request. ``sampling``: further fields of the model profile (top_p,
-        repetition_penalty, frequency_penalty), sent only when set."""
+        repetition_penalty, frequency_penalty), sent only when set. ``schema`` becomes ``response_format`` while
+        the server takes it (:attr:`structured`)."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -183,12 +136,34 @@ class BackendClient:
         }
         if sampling:
             body.update(sampling)
-        if schema is not None:
+        if schema is not None and self.structured:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "titles", "schema": schema, "strict": True},
             }
         return body
+
+    async def send(
+        self, make_body: Callable[[], dict[str, Any]], *, attempt: int = 1,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> list[Reply]:
+        """One request, falling back from structured output: ``make_body()`` is sent; when it carried
+        ``response_format`` and the server refused that (a 400 about it), the server is marked as one that does
+        not take it and ``make_body()`` is sent again at once, now in text. Every reply comes back, the answer
+        last (a refused request was a request too: it is counted and recorded)."""
+        body = make_body()
+        reply = await self.chat(body, attempt=attempt, on_delta=on_delta)
+        if "response_format" not in body:
+            return [reply]
+        refused = not reply.ok and reply.status == 400 and _rejects_structured_output(reply.error)
+        if refused and self.json_schema_ok is not True:
+            self.json_schema_ok = False
+            return [reply, await self.chat(make_body(), attempt=attempt, on_delta=on_delta)]
+        if reply.ok and _is_json(reply.text):
+            # Only a reply that really is JSON proves the server honours the schema (some accept the field and
+            # ignore it).
+            self.json_schema_ok = True
+        return [reply]
 
     async def chat(
         self, body: dict[str, Any], *, attempt: int = 1, on_delta: Callable[[str], None] | None = None
@@ -196,149 +171,86 @@ class BackendClient:
         """Stream one chat completion. Every failure comes back as a Reply with ``error`` set."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
-        parts: list[str] = []
-        state: dict[str, Any] = {"finish": None, "pt": 0, "ct": 0, "first": None, "usage": False}
-        watch: _Watch | None = None
+        st = StreamState()
+        watch: Watch | None = None
         try:
             with anyio.CancelScope() as scope:
-                watch = _Watch(scope, t0)
+                watch = Watch(scope, t0)
                 self._watches.add(watch)
-                return await self._stream(body, attempt, on_delta, t0, parts, state, watch)
+                return await self._stream(body, attempt, on_delta, t0, st, watch)
             # Only reached when the watchdog cancelled the scope.
-            stage = "between chunks" if watch.first else "for the first token"
-            return self._fail(t0, attempt, f"timed out waiting {stage}", parts, state, health=True)
+            stage = "between chunks" if st.first is not None else "for the first token"
+            return self._fail(t0, attempt, f"timed out waiting {stage}", st, health=True)
         except aiohttp.ClientResponseError as e:
-            return self._fail(t0, attempt, f"HTTP {e.status}", parts, state, status=e.status, health=True)
+            return self._fail(t0, attempt, f"HTTP {e.status}", st, status=e.status, health=True)
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            return self._fail(t0, attempt, f"stream cut: {_short(e)}", parts, state, health=True)
+            return self._fail(t0, attempt, f"stream cut: {_short(e)}", st, health=True)
         except aiohttp.ClientConnectorError as e:
-            return self._fail(t0, attempt, f"connection failed: {_short(e.os_error or e)}", parts, state, health=True)
+            return self._fail(t0, attempt, f"connection failed: {_short(e.os_error or e)}", st, health=True)
         except (aiohttp.ClientError, OSError) as e:
-            return self._fail(t0, attempt, f"connection error: {_short(e)}", parts, state, health=True)
+            return self._fail(t0, attempt, f"connection error: {_short(e)}", st, health=True)
         except TimeoutError:
-            return self._fail(t0, attempt, "timed out connecting", parts, state, health=True)
+            return self._fail(t0, attempt, "timed out connecting", st, health=True)
         except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
-            return self._fail(t0, attempt, f"malformed stream: {_short(e)}", parts, state, health=True)
+            return self._fail(t0, attempt, f"malformed stream: {_short(e)}", st, health=True)
         finally:
             if watch is not None:
                 self._watches.discard(watch)
 
-    async def _stream(self, body, attempt, on_delta, t0, parts, state, watch) -> Reply:
+    async def _stream(self, body: dict[str, Any], attempt: int, on_delta: Callable[[str], None] | None, t0: float,
+                      st: StreamState, watch: Watch) -> Reply:
         assert self._session is not None
         async with self._session.post(self._chat_url, data=orjson.dumps(body)) as resp:
             if resp.status != 200:
                 text = (await resp.read())[:500].decode("utf-8", "replace")
-                return self._http_error(resp, text, t0, attempt, parts, state)
-            # Why this is leaner than the SDK's typed stream (~300 us of CPU per chunk here, ours ~16; see
-            # benchmarks/client_overhead.py): no pydantic model per chunk, no httpx/anyio stream layers, no
-            # line-by-line async iteration. Each read takes whatever bytes the socket delivered (usually one SSE
-            # event), lines are cut with bytes.find in one loop, and only the fields we use are looked at
-            # (delta.content, finish_reason, usage) after one orjson.loads. What is left per chunk is the event
-            # loop's wake-up, one recv and aiohttp's chunked decoding.
-            loads = orjson.loads
-            append = parts.append
-            monotonic = time.monotonic
-            read = resp.content.readany
-            pending = b""
-            done = False
-            eof = False
-            while not done and not eof:
-                data = await read()
-                if not data:  # end of body
-                    if not pending:
-                        break
-                    data, eof = b"\n", True  # the last line came without its newline
-                watch.last = monotonic()
-                if pending:
-                    data = pending + data
-                    pending = b""
-                pos = 0
-                while True:
-                    nl = data.find(b"\n", pos)
-                    if nl < 0:
-                        if pos < len(data):
-                            pending = data[pos:]  # a line split across reads
-                        break
-                    if not data.startswith(_DATA, pos):  # blank separator, comments, event:/id: lines
-                        pos = nl + 1
-                        continue
-                    payload = data[pos + 5:nl].strip()
-                    pos = nl + 1
-                    if payload == _DONE:
-                        done = True
-                        break
-                    obj = loads(payload)
-                    choices = obj.get("choices")
-                    if choices:
-                        c = choices[0]
-                        delta = c.get("delta")
-                        if delta:
-                            content = delta.get("content")
-                            if content:
-                                if not watch.first:
-                                    watch.first = True
-                                    state["first"] = watch.last
-                                append(content)
-                                if on_delta is not None:
-                                    on_delta(content)
-                        fr = c.get("finish_reason")
-                        if fr:
-                            state["finish"] = fr
-                    usage = obj.get("usage")
-                    if usage:
-                        state["pt"] = usage.get("prompt_tokens") or 0
-                        state["ct"] = usage.get("completion_tokens") or 0
-                        state["usage"] = True
-            if not done and state["finish"] is None:
+                return self._http_error(resp, text, t0, attempt, st)
+            done = await read_events(resp.content, st, watch, on_delta)
+            if not done and st.finish is None:
                 # The body ended without [DONE]: a cut stream unless we already have a finish reason.
-                return self._fail(t0, attempt, "stream cut before it finished", parts, state, health=True)
-        text = "".join(parts)
-        finish = state["finish"]
+                return self._fail(t0, attempt, "stream cut before it finished", st, health=True)
+        text = "".join(st.parts)
+        finish = st.finish
         if finish is None:
-            return self._fail(t0, attempt, "stream cut: it ended without a finish reason", parts, state, health=True)
-        finish = state["finish"] = FINISH_SYNONYMS.get(finish, finish)
+            return self._fail(t0, attempt, "stream cut: it ended without a finish reason", st, health=True)
+        finish = st.finish = FINISH_SYNONYMS.get(finish, finish)
         if finish not in ANSWERS:
             # "abort" (the server dropped the request: shutdown, preemption), "error", "content_filter", or
             # anything unknown: the text is partial or withheld, so the attempt failed and is retried.
-            return self._fail(t0, attempt, f"finish_reason {finish!r}: the answer is partial", parts, state,
+            return self._fail(t0, attempt, f"finish_reason {finish!r}: the answer is partial", st,
                               health=finish in ("abort", "error"))
         if not text.strip():
-            return self._fail(t0, attempt, "empty answer", parts, state)
-        return self._reply(t0, attempt, text, state)
+            return self._fail(t0, attempt, "empty answer", st)
+        return self._reply(t0, attempt, text, st)
 
-    def _http_error(self, resp: aiohttp.ClientResponse, text: str, t0, attempt, parts, state) -> Reply:
+    def _http_error(self, resp: aiohttp.ClientResponse, text: str, t0: float, attempt: int,
+                    st: StreamState) -> Reply:
         status = resp.status
         msg = _error_message(text)
         if status == 429:
-            return self._fail(
-                t0, attempt, "HTTP 429 rate limited", parts, state, status=status,
-                retry_after=_retry_after(resp.headers.get("Retry-After")),
-            )
+            return self._fail(t0, attempt, "HTTP 429 rate limited", st, status=status,
+                              retry_after=_retry_after(resp.headers.get("Retry-After")))
         if status >= 500:
-            return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), parts, state, status=status, health=True)
+            return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), st, status=status, health=True)
         if status in (401, 403):
-            return self._fail(t0, attempt, f"HTTP {status}: the server refused the API key", parts, state,
-                              status=status, retryable=False)
-        return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), parts, state, status=status, retryable=False)
+            return self._fail(t0, attempt, f"HTTP {status}: the server refused the API key", st, status=status,
+                              retryable=False)
+        return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), st, status=status, retryable=False)
 
-    def _fail(
-        self, t0, attempt, error, parts, state, *, status=None, health=False, retryable=True, retry_after=None
-    ) -> Reply:
-        return self._reply(
-            t0, attempt, "".join(parts), state,
-            error=error, status=status, retryable=retryable, retry_after=retry_after, health=health,
-        )
+    def _fail(self, t0: float, attempt: int, error: str, st: StreamState, *, status: int | None = None,
+              health: bool = False, retryable: bool = True, retry_after: float | None = None) -> Reply:
+        return self._reply(t0, attempt, "".join(st.parts), st, error=error, status=status, retryable=retryable,
+                           retry_after=retry_after, health=health)
 
-    def _reply(self, t0: float, attempt: int, text: str, state: dict[str, Any], **outcome: Any) -> Reply:
+    def _reply(self, t0: float, attempt: int, text: str, st: StreamState, **outcome: Any) -> Reply:
         """One Reply from an attempt's stream state; ``outcome`` carries the error fields of a failure."""
         return Reply(
             text=text,
-            finish_reason=state["finish"],
-            prompt_tokens=state["pt"],
-            completion_tokens=state["ct"],
+            finish_reason=st.finish,
+            prompt_tokens=st.prompt_tokens,
+            completion_tokens=st.completion_tokens,
             backend=self.url,
             t_start=t0,
-            t_first=state["first"],
+            t_first=st.first,
             t_end=time.monotonic(),
             attempt=attempt,
             **outcome,
@@ -381,13 +293,30 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Discovery and validation through the openai SDK (not the hot path).
-# --------------------------------------------------------------------------------------------------------------
+_NOT_ABOUT_FORMAT = re.compile(
+    r"context length|context window|maximum context|too long|too many tokens|max_tokens|prompt is too long",
+    re.IGNORECASE,
+)
 
 
-async def discover(backend: Backend, api_key: str | None, wanted: str | None, timeout: float = 8.0) -> str:
-    """Check that ``backend`` is an OpenAI-compatible server and return the model to use.
+def _rejects_structured_output(error: str | None) -> bool:
+    """Does a 400's message say the server cannot do ``response_format``? A 400 about something else (the
+    context length, say) must not switch structured output off for the whole run."""
+    # A bare "HTTP 400 Bad Request" may well be the schema: fall back unless the message says it is not.
+    return not _NOT_ABOUT_FORMAT.search(error or "")
+
+
+def _is_json(text: str) -> bool:
+    try:
+        orjson.loads(text.strip())
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+async def discover(backend: Backend, api_key: str | None, wanted: str | None, *, timeout_s: float = 8.0) -> str:
+    """Check that ``backend`` is an OpenAI-compatible server and return the model to use (through the openai SDK:
+    not the hot path). ``timeout_s`` bounds the /models request.
 
     Raises BackendError (unreachable, not OpenAI-compatible, key refused) or ConfigError (unknown --model).
     The key itself is never part of a message.
@@ -396,7 +325,7 @@ async def discover(backend: Backend, api_key: str | None, wanted: str | None, ti
 
     key = backend.api_key or api_key or "EMPTY"
     client = openai.AsyncOpenAI(
-        base_url=backend.url, api_key=key, max_retries=0, timeout=timeout,
+        base_url=backend.url, api_key=key, max_retries=0, timeout=timeout_s,
         default_headers={"Authorization": auth_header(backend, key)} if backend.auth else None,
     )
     try:
@@ -409,7 +338,7 @@ async def discover(backend: Backend, api_key: str | None, wanted: str | None, ti
     except openai.PermissionDeniedError:
         raise BackendError(f"{backend.url} refused the API key (HTTP 403)") from None
     except openai.APITimeoutError:
-        raise BackendError(f"{backend.url} did not answer within {timeout:g} s") from None
+        raise BackendError(f"{backend.url} did not answer within {timeout_s:g} s") from None
     except openai.APIConnectionError as e:
         cause = e.__cause__ or e
         raise BackendError(f"cannot reach {backend.url}: {_short(cause)}") from None

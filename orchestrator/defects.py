@@ -1,11 +1,12 @@
 """Book -> Defects: what a reader of the book would trip over, counted the way the reference run counted it.
 
-Pure: no I/O, no clock. ``find_defects(book).to_json()`` is defects.json, ``.to_markdown()`` is defects.md.
+Pure: no I/O, no clock. ``find_defects(book).to_json()`` is defects.json, ``.to_markdown()`` is defects.md. The text
+measures behind the counts (block endings, code blocks, near-duplicate pairs) are in ``orchestrator.textscan``.
 
 Definitions (each section's own text, as the model wrote it, is one "heading-delimited block"):
 
 - duplicate section titles: titles equal after normalising case, spacing and punctuation
-  (:func:`orchestrator.assemble.normalise_title`); ``count`` is how many distinct titles occur more than once.
+  (:func:`orchestrator.repair.norm_title`); ``count`` is how many distinct titles occur more than once.
 - unterminated blocks: written sections whose last prose line does not end in closing punctuation
   (``. ! ? : …`` or a closing quote or bracket, after trailing ``*``/``_``/backtick markup) and that do not end
   with a closed code fence; a section that ends inside an open fence is unterminated; one that ends with a
@@ -31,33 +32,27 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
 
 from __future__ import annotations
 
-import ast
-import re
-import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from markdown_it import MarkdownIt
-
-from .assemble import Book, SectionText, count_words, normalise_title, section_body
-from .repair import loop_reason
+from .assemble import Book, SectionText, count_words, section_body
+from .repair import loop_reason, norm_title
+from .textscan import (
+    NEAR_DUPLICATE_CONTAINMENT,
+    NEAR_DUPLICATE_JACCARD,
+    SHINGLE,
+    block_ending,
+    near_duplicates,
+    python_ok,
+    scan_block,
+)
 
 __all__ = ["Defects", "find_defects"]
 
-NEAR_DUPLICATE_JACCARD = 0.5
-NEAR_DUPLICATE_CONTAINMENT = 0.8
-SHINGLE = 5
-MIN_SHINGLES = 20  # sections shorter than this (in shingles) are never called near-duplicates
-SAMPLE = 8  # candidate pairs are found on one shingle in SAMPLE
 LIST_LIMIT = 200  # entries kept per list in defects.json (counts are always complete)
 
-_CLOSING = frozenset(".!?:…\"'”’»›)]}」』")
-_TRAILING_MARKUP = "*_`~ \t"
-_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
-_FENCE_CLOSE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
 _PYTHON = frozenset({"python", "py", "python3", "py3"})
-_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -110,169 +105,47 @@ def _listing(items: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"count": len(items), **extra, "sections": items[:LIST_LIMIT]}
 
 
-def scan_block(text: str) -> tuple[bool, str, list[tuple[str, str, bool]]]:
-    """One pass over a heading-delimited block: (terminated, last line, code blocks as (language, code, closed)).
-
-    Fences are found line by line (CommonMark's fence rules at the left margin); a block with an indented fence
-    line (a fence inside a list item) has its code blocks read by markdown-it instead, which strips the
-    container's indentation.
-    """
-    fence: tuple[str, int, str, list[str]] | None = None
-    blocks: list[tuple[str, str, bool]] = []
-    last = ""
-    last_closed_fence = False
-    indented_fence = False
-    for line in text.splitlines():
-        if fence is not None:
-            m = _FENCE_CLOSE.match(line)
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1]:
-                blocks.append((fence[2], "\n".join(fence[3]) + ("\n" if fence[3] else ""), True))
-                fence = None
-                last, last_closed_fence = line.strip(), True
-                indented_fence |= line[:1] == " "
-            else:
-                fence[3].append(line)
-                if line.strip():
-                    last, last_closed_fence = line.strip(), False
-            continue
-        m = _FENCE_OPEN.match(line)
-        if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
-            info = m.group(2).strip().split()
-            fence = (m.group(1)[0], len(m.group(1)), info[0].lower() if info else "none", [])
-            last, last_closed_fence = line.strip(), False
-            indented_fence |= line[:1] == " "
-            continue
-        if line.strip():
-            last, last_closed_fence = line.strip(), False
-            if line[:1] in " \t" and ("```" in line or "~~~" in line):
-                indented_fence = True
-    if fence is not None:
-        blocks.append((fence[2], "\n".join(fence[3]) + ("\n" if fence[3] else ""), False))
-        terminated = False  # cut off inside a code block
-    elif last_closed_fence:
-        terminated = True
-    elif last.startswith("|") and last.endswith("|"):
-        terminated = True  # a table row
-    else:
-        core = last.rstrip(_TRAILING_MARKUP)
-        terminated = bool(core) and core[-1] in _CLOSING
-    if indented_fence:
-        blocks = code_blocks(text)
-    return terminated, last, blocks
-
-
-def block_ending(text: str) -> tuple[bool, str]:
-    """(terminated, last line) of one heading-delimited block, by the definition above."""
-    terminated, last, _ = scan_block(text)
-    return terminated, last
-
-
-_md = MarkdownIt("commonmark").disable(["inline", "text_join"])  # block structure is all we need
-
-
-def _strip_container(line: str) -> str:
-    return line.lstrip(" \t>")
-
-
-def code_blocks(text: str) -> list[tuple[str, str, bool]]:
-    """(language, code, closed) of every fenced block in one section's text, as markdown-it sees them."""
-    out = []
-    lines = text.splitlines()
-    for tok in _md.parse(text):
-        if tok.type != "fence" or tok.map is None:
-            continue
-        info = tok.info.strip().split()
-        lang = info[0].lower() if info else "none"
-        start, end = tok.map
-        closed = False
-        if end - 1 > start and end - 1 < len(lines):
-            m = _FENCE_CLOSE.match(_strip_container(lines[end - 1]))
-            closed = bool(m and m.group(1)[0] == tok.markup[0] and len(m.group(1)) >= len(tok.markup))
-        out.append((lang, tok.content, closed))
-    return out
-
-
-def python_ok(code: str) -> bool:
-    lines = code.splitlines()
-    if any(line.startswith(">>> ") or line == ">>>" for line in lines):
-        code = "\n".join(line[4:] for line in lines if line.startswith((">>> ", "... ")) or line in (">>>", "..."))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            ast.parse(code)
-        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-            return False
-    return True
-
-
-def _shingles(text: str) -> set[int]:
-    words = _WORD.findall(text.lower())
-    if len(words) < SHINGLE:
-        return set()
-    return {hash(tuple(words[i : i + SHINGLE])) for i in range(len(words) - SHINGLE + 1)}
-
-
-def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
-    """(i, j, jaccard, containment) for every near-duplicate pair, most similar first.
-
-    Candidates come from an inverted index over a 1-in-``SAMPLE`` sample of the shingles (chosen by hash value,
-    so two texts keep the same ones); every candidate is then checked exactly on the full shingle sets. A pair at
-    the thresholds shares dozens of sampled shingles, so sampling loses none of them in practice.
-    """
-    sets = [_shingles(t) for t in texts]
-    n = len(sets)
-    max_df = max(50, n // 10)
-    index: dict[int, list[int]] = defaultdict(list)
-    for i, s in enumerate(sets):
-        if len(s) >= MIN_SHINGLES:
-            for h in s:
-                if h % SAMPLE == 0:
-                    index[h].append(i)
-    shared: Counter[tuple[int, int]] = Counter()
-    for docs in index.values():
-        if 2 <= len(docs) <= max_df:
-            for a in range(len(docs)):
-                da = docs[a]
-                for b in range(a + 1, len(docs)):
-                    shared[(da, docs[b])] += 1
-    candidates = {p for p, c in shared.items() if c >= 2}
-    # identical texts pair up even when every one of their shingles is too common to index
-    same: dict[frozenset[int], list[int]] = defaultdict(list)
-    for i, s in enumerate(sets):
-        if len(s) >= MIN_SHINGLES:
-            same[frozenset(s)].append(i)
-    for group in same.values():
-        candidates.update((group[a], group[b]) for a in range(len(group)) for b in range(a + 1, len(group)))
-    out = []
-    for i, j in candidates:
-        a, b = sets[i], sets[j]
-        inter = len(a & b)
-        jaccard = inter / len(a | b)
-        containment = inter / min(len(a), len(b))
-        if jaccard >= NEAR_DUPLICATE_JACCARD or containment >= NEAR_DUPLICATE_CONTAINMENT:
-            out.append((i, j, jaccard, containment))
-    out.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
-    return out
-
-
 def find_defects(book: Book) -> Defects:
     sections = list(book.sections)
     written = [s for s in sections if not s.failed and not s.empty and not s.interrupted]
+    scans = {s.path: scan_block(s.text) for s in written}
+    counts = [count_words(s.text) for s in sections if not s.failed and not s.interrupted]
+    return Defects(
+        duplicate_section_titles=_duplicate_titles(sections),
+        unterminated_blocks=_unterminated(written, scans),
+        truncated_sections=_listing([_ref(s, completion_tokens=s.completion_tokens) for s in sections
+                                     if s.finish_reason == "length"]),
+        empty_sections=_listing([_ref(s) for s in sections if s.empty]),
+        failed_sections=_listing([_ref(s, error=s.error) for s in sections if s.failed]),
+        code_blocks=_code(written, scans),
+        near_duplicate_sections=_near_duplicates(written),
+        looping_sections=_looping(written),
+        words={
+            "total": sum(counts),
+            "mean": round(sum(counts) / len(counts), 1) if counts else 0.0,
+            "min": min(counts, default=0),
+            "max": max(counts, default=0),
+        },
+    )
 
-    # duplicate titles
+
+_Scans = dict[str, tuple[bool, str, list[tuple[str, str, bool]]]]  # path -> scan_block(text)
+
+
+def _duplicate_titles(sections: list[SectionText]) -> dict[str, Any]:
     groups: dict[str, list[SectionText]] = defaultdict(list)
     for s in sections:
-        groups[normalise_title(s.title)].append(s)
-    dups = sorted((g for g in groups.values() if len(g) > 1), key=lambda g: (-len(g), normalise_title(g[0].title)))
-    duplicate_titles = {
+        groups[norm_title(s.title)].append(s)
+    dups = sorted((g for g in groups.values() if len(g) > 1), key=lambda g: (-len(g), norm_title(g[0].title)))
+    return {
         "count": len(dups),
         "sections": sum(len(g) for g in dups),
         "titles": [{"title": g[0].title, "count": len(g), "paths": [s.path for s in g]} for g in dups][:LIST_LIMIT],
     }
 
-    # unterminated blocks
+
+def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
     unterminated = []
-    scans = {s.path: scan_block(s.text) for s in written}
     for s in written:
         ok, last, _ = scans[s.path]
         if not ok:
@@ -283,26 +156,30 @@ def find_defects(book: Book) -> Defects:
     # headings and closing fences leave a terminated ending terminated, so the others need no second look.
     printed = sum(not block_ending(section_body(s))[0] for s in written
                   if s.finish_reason == "length" or not scans[s.path][0])
-    unterminated_blocks = {
+    return {
         "count": len(unterminated), "of": of, "share": _share(len(unterminated), of),
         "printed": {"count": printed, "of": of, "share": _share(printed, of)},
         "sections": unterminated[:LIST_LIMIT],
     }
 
-    # loops: the final answer still looping; repaired ones (their first answer looped) that no longer do
+
+def _looping(written: list[SectionText]) -> dict[str, Any]:
+    """The final answers still looping; repaired ones (their first answer looped) that no longer do."""
     looping = [{"path": s.path, "title": s.title, "reason": why} for s in written
                if (why := loop_reason(s.text)) is not None]
     still = {it["path"] for it in looping}
-    looping_sections = {
+    return {
         "count": len(looping),
         "repaired": sum(1 for s in written if s.repaired_from is not None and s.path not in still),
         "sections": looping[:LIST_LIMIT],
     }
 
-    # code
+
+def _code(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
     by_language: Counter[str] = Counter()
     py_total = 0
-    py_errors, unclosed = [], []
+    py_errors: list[dict[str, Any]] = []
+    unclosed: list[dict[str, Any]] = []
     n_blocks = 0
     for s in written:
         blocks = scans[s.path][2]
@@ -321,7 +198,7 @@ def find_defects(book: Book) -> Defects:
             py_errors.append(_ref(s, blocks=bad, truncated=s.finish_reason == "length"))
         if open_langs:
             unclosed.append(_ref(s, languages=open_langs, truncated=s.finish_reason == "length"))
-    code = {
+    return {
         "count": n_blocks,
         "by_language": dict(sorted(by_language.items(), key=lambda kv: (-kv[1], kv[0]))),
         "python_syntax_errors": {"count": sum(e["blocks"] for e in py_errors), "of": py_total,
@@ -329,9 +206,10 @@ def find_defects(book: Book) -> Defects:
         "unclosed_fences": {"count": sum(len(u["languages"]) for u in unclosed), "sections": unclosed[:LIST_LIMIT]},
     }
 
-    # near-duplicates
+
+def _near_duplicates(written: list[SectionText]) -> dict[str, Any]:
     pairs = near_duplicates([s.text for s in written])
-    near = {
+    return {
         "count": len(pairs),
         "threshold": {"shingle_words": SHINGLE, "jaccard": NEAR_DUPLICATE_JACCARD,
                       "containment": NEAR_DUPLICATE_CONTAINMENT},
@@ -341,26 +219,6 @@ def find_defects(book: Book) -> Defects:
             for i, j, jac, con in pairs[:LIST_LIMIT]
         ],
     }
-
-    counts = [count_words(s.text) for s in sections if not s.failed and not s.interrupted]
-    words = {
-        "total": sum(counts),
-        "mean": round(sum(counts) / len(counts), 1) if counts else 0.0,
-        "min": min(counts, default=0),
-        "max": max(counts, default=0),
-    }
-    return Defects(
-        duplicate_section_titles=duplicate_titles,
-        unterminated_blocks=unterminated_blocks,
-        truncated_sections=_listing([_ref(s, completion_tokens=s.completion_tokens) for s in sections
-                                     if s.finish_reason == "length"]),
-        empty_sections=_listing([_ref(s) for s in sections if s.empty]),
-        failed_sections=_listing([_ref(s, error=s.error) for s in sections if s.failed]),
-        code_blocks=code,
-        near_duplicate_sections=near,
-        looping_sections=looping_sections,
-        words=words,
-    )
 
 
 def _share(count: int, of: int) -> float:

@@ -1,246 +1,74 @@
-"""Spreading requests over the fleet: per-backend caps, one shared queue, retries, failover.
+"""Running a node to completion over the fleet: retries, failover, and resuming from the journal.
 
-Every request (planning and sections alike) takes a *lease* on a backend before it is sent and gives it back when
-its attempt ends, so a backend's cap bounds everything in flight on it. Leases are granted from one shared queue,
-ordered by (priority, arrival): planning requests go before sections so the outline is never starved. A free
-slot goes to the healthy backend with the lowest load (in flight / cap), which gives equal servers equal shares
-and a slower server fewer (it holds its leases longer) — the behaviour of pull workers over one queue, without a
-worker task per slot. Retries are tenacity's (exponential backoff with jitter, Retry-After honoured, sleeping
-with anyio.sleep); each retry takes a new lease, so it may land on another backend. A backend that fails
-``trip_after`` times in a row leaves the rotation, is probed, and comes back when it answers again.
+Each attempt takes a lease on some backend (fleet.py) and gives it back when it ends. Retries are tenacity's
+(exponential backoff with jitter, Retry-After honoured, sleeping with anyio.sleep); each retry takes a new lease,
+so it may land on another backend. With a journal, the Dispatcher is also the one resume path: a node an earlier
+run finished is answered from the journal, and a node this run finishes is written to it.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import re
 import time
 from collections.abc import Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Generic, TypeVar, overload
 
 import anyio
-import orjson
-from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, wait_exponential_jitter
 
-from .client import BackendClient, Reply
-from .errors import BackendError
-from .events import BackendState, Delta, NodeFailed, NodeStarted
+from .client import BackendClient
+from .events import Delta, NodeFailed, NodeStarted
+from .fleet import Fleet
+from .journal import Journal, StoredNode
+from .outline import level_of
+from .reply import Reply
 
 T = TypeVar("T")
 
 
-@dataclass
-class BackendLoad:
-    """Mutable per-backend bookkeeping, owned by the Fleet (never shared outside the event loop)."""
-
-    client: BackendClient
-    cap: int
-    in_flight: int = 0
-    max_in_flight: int = 0
-    healthy: bool = True
-    consecutive_failures: int = 0
-    requests: int = 0
-    errors: int = 0
-    down_since: float | None = None
-    trips: int = 0  # times it left the rotation
-    listening_since: float | None = None  # out of rotation, its probe completion on its way (/v1/models answered)
-    probe_failed: bool = False  # a probe completion failed during this outage: listening no longer counts
-
-
-@dataclass(order=True)
-class _Waiter:
-    priority: tuple[int, int]
-    seq: int
-    event: anyio.Event = field(compare=False)
-    granted: int | None = field(default=None, compare=False)
-    abandoned: bool = field(default=False, compare=False)
-
-
-class Fleet:
-    def __init__(
-        self,
-        clients: list[BackendClient],
-        caps: list[int],
-        emit: Callable[[Any], None],
-        *,
-        trip_after: int = 3,
-        probe_interval: float = 1.0,
-        all_down_timeout: float = 30.0,
-    ):
-        self.loads = [BackendLoad(c, cap) for c, cap in zip(clients, caps, strict=True)]
-        self._emit = emit
-        self._waiters: list[_Waiter] = []
-        self._seq = itertools.count()
-        self._rr = itertools.count()
-        self._trip_after = trip_after
-        self._probe_interval = probe_interval
-        self._all_down_timeout = all_down_timeout
-        self._tg: anyio.abc.TaskGroup | None = None
-        self.all_down_error: BackendError | None = None
-        self.all_down = anyio.Event()  # set together with all_down_error
-        self.stopped = False  # no lease is granted any more (an interrupt): in-flight requests run out
-
-    async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """Background duties (watchdogs, probes). Runs until cancelled."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            for load in self.loads:
-                tg.start_soon(load.client.watchdog)
-            task_status.started()
-            await anyio.sleep_forever()
-
-    # -- leases -------------------------------------------------------------------------------------------------
-
-    def _pick(self) -> int | None:
-        best: int | None = None
-        best_load = 2.0
-        n = len(self.loads)
-        start = next(self._rr) % n
-        for k in range(n):
-            i = (start + k) % n
-            load = self.loads[i]
-            if not load.healthy or load.in_flight >= load.cap:
-                continue
-            frac = load.in_flight / load.cap
-            if frac < best_load:
-                best, best_load = i, frac
-        return best
-
-    def _take(self, i: int) -> None:
-        load = self.loads[i]
-        load.in_flight += 1
-        load.requests += 1
-        if load.in_flight > load.max_in_flight:
-            load.max_in_flight = load.in_flight
-
-    def stop(self) -> None:
-        """Grant no more leases: requests in flight finish, every other one waits until it is cancelled."""
-        self.stopped = True
-
-    @property
-    def in_flight(self) -> int:
-        return sum(x.in_flight for x in self.loads)
-
-    def _grant(self) -> None:
-        if self.stopped:
-            return
-        while self._waiters:
-            i = self._pick()
-            if i is None:
-                return
-            w = heapq.heappop(self._waiters)
-            if w.abandoned:
-                continue
-            self._take(i)
-            w.granted = i
-            w.event.set()
-
-    @asynccontextmanager
-    async def lease(self, priority: tuple[int, int] = (1, 0)):
-        """Hold one slot on some healthy backend for the duration of the block."""
-        i = None if self._waiters or self.stopped else self._pick()
-        if i is not None:
-            self._take(i)
-        else:
-            w = _Waiter(priority, next(self._seq), anyio.Event())
-            heapq.heappush(self._waiters, w)
-            try:
-                await w.event.wait()
-            except BaseException:
-                w.abandoned = True
-                if w.granted is not None:
-                    self._release(w.granted)
-                raise
-            i = w.granted
-            assert i is not None
-        try:
-            yield self.loads[i].client
-        finally:
-            self._release(i)
-
-    def _release(self, i: int) -> None:
-        self.loads[i].in_flight -= 1
-        self._grant()
-
-    # -- health -------------------------------------------------------------------------------------------------
-
-    def report(self, client: BackendClient, reply: Reply) -> None:
-        load = next(x for x in self.loads if x.client is client)
-        if reply.ok:
-            load.consecutive_failures = 0
-            return
-        load.errors += 1
-        if not reply.health:
-            return
-        load.consecutive_failures += 1
-        if load.healthy and load.consecutive_failures >= self._trip_after:
-            load.healthy = False
-            load.trips += 1
-            load.down_since = time.monotonic()
-            self._emit(BackendState(load.client.url, False, reply.error or "failing", time.monotonic()))
-            if self._tg is not None:
-                self._tg.start_soon(self._probe, load)
-
-    async def _probe(self, load: BackendLoad) -> None:
-        def listening() -> None:
-            load.listening_since = time.monotonic()
-
-        while not load.healthy:
-            await anyio.sleep(self._probe_interval)
-            try:
-                back = await load.client.probe(on_listening=listening)
-            finally:
-                load.listening_since = None
-            if back:
-                load.healthy = True
-                load.consecutive_failures = 0
-                load.down_since = None
-                load.probe_failed = False
-                self._emit(BackendState(load.client.url, True, "answering again", time.monotonic()))
-                self._grant()
-                return
-            # A server whose probe completion is still on its way (it answered /v1/models; a busy CPU engine
-            # queues the completion behind its running streams) is alive: it does not count towards "every
-            # backend stopped answering". One whose completion failed does.
-            load.probe_failed = load.probe_failed or load.client.last_probe_reached_completion
-            if all(not x.healthy and (x.listening_since is None or x.probe_failed) for x in self.loads):
-                all_down_since = max(x.down_since or time.monotonic() for x in self.loads)
-                if time.monotonic() - all_down_since > self._all_down_timeout and self.all_down_error is None:
-                    self.all_down_error = BackendError(
-                        f"every backend stopped answering for {self._all_down_timeout:g} s: "
-                        + ", ".join(x.client.url for x in self.loads)
-                    )
-                    self.all_down.set()
-                    self._emit(BackendState("*", False, str(self.all_down_error), time.monotonic()))
-
-    @property
-    def healthy_count(self) -> int:
-        return sum(1 for x in self.loads if x.healthy)
-
-
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
-    """The end of a node: its last reply, the value parsed from it (None on failure) and attempts used."""
+    """The end of a node: its last reply, the value parsed from it (None on failure) and attempts used (0: the
+    journal answered it)."""
 
     reply: Reply
     value: T | None
     attempts: int
 
 
-class Dispatcher:
-    """Runs one node to completion: lease, send, validate, retry."""
+@dataclass
+class _Node(Generic[T]):
+    """One node on its way through the Dispatcher: what every attempt needs, and how many were made so far."""
 
-    def __init__(self, fleet: Fleet, emit: Callable[[Any], None], attempts: int, wants_deltas: bool):
+    path: str
+    kind: str
+    title: str
+    build: Callable[[BackendClient, int], dict[str, Any]]
+    validate: Callable[[Reply], T] | None
+    priority: tuple[int, int]
+    on_delta: Callable[[str], None] | None
+    attempts: int = 0
+
+
+class Dispatcher:
+    """Runs one node to completion: lease, send, validate, retry.
+
+    With a ``journal``, a node an earlier run finished is answered from it without a request, and a node this run
+    finishes is written to it (see :meth:`run`). ``resumed`` counts the nodes answered from the journal, by kind;
+    ``resumed_levels`` by planning level (0 book, 1 part, 2 chapter, 3 section)."""
+
+    def __init__(self, fleet: Fleet, emit: Callable[[Any], None], attempts: int, wants_deltas: bool, *,
+                 journal: Journal | None = None):
         self.fleet = fleet
         self.emit = emit
         self.attempts = attempts
         self.wants_deltas = wants_deltas
+        self.journal = journal
         self.requests = 0
-        self.request_errors = 0
         self.replies: list[tuple[str, Reply]] = []  # (kind, reply) of every attempt, for usage and errors
+        self.resumed: dict[str, int] = {}
+        self.resumed_levels = [0, 0, 0, 0]
 
     # Exponential backoff with jitter: 0.5, 1, 2, 4 ... s (at most 10 s) plus up to 0.5 s at random.
     try:
@@ -249,12 +77,27 @@ class Dispatcher:
         _backoff = wait_exponential_jitter(initial=0.5, max=10.0, jitter=0.5)
 
     @classmethod
-    def _wait(cls, state) -> float:
+    def _wait(cls, state: RetryCallState) -> float:
         base = cls._backoff(state)
         reply = state.outcome.result()[0] if state.outcome and not state.outcome.failed else None
         if reply is not None and reply.retry_after:
             return max(base, min(reply.retry_after, 60.0))
         return base
+
+    @overload
+    async def run(
+        self, path: str, kind: str, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
+        validate: None = None, priority: tuple[int, int] = (1, 0), *, on_delta: Callable[[str], None] | None = None,
+        restore: None = None, keep: None = None, journaled: bool = True,
+    ) -> Outcome[None]: ...
+
+    @overload
+    async def run(
+        self, path: str, kind: str, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
+        validate: Callable[[Reply], T], priority: tuple[int, int] = (1, 0), *,
+        on_delta: Callable[[str], None] | None = None, restore: Callable[[StoredNode], T | None] | None = None,
+        keep: Callable[[T], Any] | None = None, journaled: bool = True,
+    ) -> Outcome[T]: ...
 
     async def run(
         self,
@@ -264,102 +107,99 @@ class Dispatcher:
         build: Callable[[BackendClient, int], dict[str, Any]],
         validate: Callable[[Reply], T] | None = None,
         priority: tuple[int, int] = (1, 0),
+        *,
         on_delta: Callable[[str], None] | None = None,
-    ) -> Outcome[T]:
+        restore: Callable[[StoredNode], T | None] | None = None,
+        keep: Callable[[T], Any] | None = None,
+        journaled: bool = True,
+    ) -> Outcome[T] | Outcome[None]:
         """``build(client, attempt)`` makes the request body; ``validate(reply)`` parses it or raises ValueError
         (an unusable reply is retried like an error). ``on_delta(text)``, when given, sees every content delta of
         every attempt as it streams (``build`` is called at the start of each attempt, so a caller can tell the
-        attempts apart); the planner uses it to start children before the reply is complete."""
-        caller_delta = on_delta
-        counter = {"n": 0}
+        attempts apart); the planner uses it to start children before the reply is complete.
 
-        async def attempt() -> tuple[Reply, Any]:
-            counter["n"] += 1
-            n = counter["n"]
-            async with self.fleet.lease(priority) as client:
-                now = time.monotonic()
-                self.emit(NodeStarted(path, kind, title, client.url, n, now))
-                on_delta = caller_delta
-                if self.wants_deltas:
-                    emit = self.emit
-
-                    def on_delta(text: str, _p=path, _c=caller_delta) -> None:
-                        emit(Delta(_p, text, time.monotonic()))
-                        if _c is not None:
-                            _c(text)
-
-                body = build(client, n)
-                self.requests += 1
-                reply = await client.chat(body, attempt=n, on_delta=on_delta)
-                if (
-                    not reply.ok
-                    and reply.status == 400
-                    and "response_format" in body
-                    and client.json_schema_ok is not True
-                    and rejects_structured_output(reply.error)
-                ):
-                    # The server rejects structured output: remember, and ask again in text at once.
-                    client.json_schema_ok = False
-                    body = build(client, n)
-                    self.requests += 1
-                    self.replies.append((kind, reply))
-                    reply = await client.chat(body, attempt=n, on_delta=on_delta)
-                elif reply.ok and "response_format" in body and _is_json(reply.text):
-                    # Only a reply that really is JSON proves the server honours the schema (some accept the
-                    # field and ignore it).
-                    client.json_schema_ok = True
-                self.fleet.report(client, reply)
-            value = None
-            if reply.ok and validate is not None:
-                try:
-                    value = validate(reply)
-                except ValueError as e:
-                    reply = _unusable(reply, str(e))
-            self.replies.append((kind, reply))
-            if not reply.ok:
-                self.request_errors += 1
-                final = not reply.retryable or n >= self.attempts
-                self.emit(NodeFailed(path, kind, title, reply.backend, n, reply.error or "?", final, time.monotonic()))
-            return reply, value
-
+        A node the journal holds answers only the node it was written for: same path, kind *and* title
+        (``Journal.get``). ``restore(stored)`` turns it into the caller's value (planning nodes: the accepted
+        titles), or returns None to ask again; without it the stored reply goes through ``validate`` like a fresh
+        one. ``keep(value)`` gives the JSON-able value to journal with a node this run finishes. ``journaled=False``
+        neither asks nor writes the journal (a continuation of a node that is already in it)."""
+        journal = self.journal if journaled else None
+        stored = journal.get(path, kind, title) if journal is not None else None
+        if stored is not None:
+            resumed = self._resume(stored, validate, restore)
+            if resumed is not None:
+                return resumed
+        if self.wants_deltas:
+            on_delta = partial(self._delta, path, on_delta)
+        node = _Node(path, kind, title, build, validate, priority, on_delta)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=self._wait,
             retry=retry_if_result(lambda rv: not rv[0].ok and rv[0].retryable),
-            retry_error_callback=lambda state: state.outcome.result(),
+            retry_error_callback=_last_result,
             sleep=anyio.sleep,
         )
-        reply, value = await retrying(attempt)
-        return Outcome(reply, value if reply.ok else None, counter["n"])
+        result: tuple[Reply, T | None] = await retrying(self._attempt, node)
+        reply, value = result
+        out = Outcome(reply, value if reply.ok else None, node.attempts)
+        if reply.ok and journal is not None:
+            kept = keep(out.value) if keep is not None and out.value is not None else None
+            journal.record(path, kind, title, reply, out.attempts, kept)
+        return out
+
+    def _resume(self, stored: StoredNode, validate: Callable[[Reply], T] | None,
+                restore: Callable[[StoredNode], T | None] | None) -> Outcome[T] | None:
+        """A journaled node as this run's outcome, or None when the journal holds something that cannot be used
+        any more (then it is asked again)."""
+        value: T | None = None
+        try:
+            if restore is not None:
+                value = restore(stored)
+                if value is None:
+                    return None
+            elif validate is not None:
+                value = validate(stored.reply())
+        except ValueError:
+            return None
+        self.resumed[stored.kind] = self.resumed.get(stored.kind, 0) + 1
+        self.resumed_levels[level_of(stored.path)] += 1
+        return Outcome(stored.reply(), value, 0)
+
+    def _delta(self, path: str, then: Callable[[str], None] | None, text: str) -> None:
+        self.emit(Delta(path, text, time.monotonic()))
+        if then is not None:
+            then(text)
+
+    def _body(self, node: _Node[T], client: BackendClient, attempt: int) -> dict[str, Any]:
+        body = node.build(client, attempt)
+        self.requests += 1  # the client sends every body it is given: one more request
+        return body
+
+    async def _attempt(self, node: _Node[T]) -> tuple[Reply, T | None]:
+        node.attempts += 1
+        n = node.attempts
+        async with self.fleet.lease(node.priority) as client:
+            self.emit(NodeStarted(node.path, node.kind, node.title, client.url, n, time.monotonic()))
+            # more than one reply when a structured request was refused and sent again in text (client.send)
+            *refused, reply = await client.send(partial(self._body, node, client, n), attempt=n,
+                                                on_delta=node.on_delta)
+            self.replies.extend((node.kind, r) for r in refused)
+            self.fleet.report(client, reply)
+        value = None
+        if reply.ok and node.validate is not None:
+            try:
+                value = node.validate(reply)
+            except ValueError as e:
+                reply = replace(reply, error=f"unusable reply: {e}", retryable=True)
+        self.replies.append((node.kind, reply))
+        if not reply.ok:
+            final = not reply.retryable or n >= self.attempts
+            self.emit(NodeFailed(node.path, node.kind, node.title, reply.backend, n, reply.error or "?", final,
+                                 time.monotonic()))
+        return reply, value
 
 
-_STRUCTURED = re.compile(
-    r"response_format|json_schema|json schema|structured output|guided|grammar|xgrammar|outlines|schema",
-    re.IGNORECASE,
-)
-_NOT_ABOUT_FORMAT = re.compile(
-    r"context length|context window|maximum context|too long|too many tokens|max_tokens|prompt is too long",
-    re.IGNORECASE,
-)
-
-
-def rejects_structured_output(error: str | None) -> bool:
-    """Does a 400's message say the server cannot do ``response_format``? A 400 about something else (the
-    context length, say) must not switch structured output off for the whole run."""
-    msg = error or ""
-    # A bare "HTTP 400 Bad Request" may well be the schema: fall back unless the message says it is not.
-    return not _NOT_ABOUT_FORMAT.search(msg)
-
-
-def _is_json(text: str) -> bool:
-    try:
-        orjson.loads(text.strip())
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _unusable(reply: Reply, why: str) -> Reply:
-    from dataclasses import replace
-
-    return replace(reply, error=f"unusable reply: {why}", retryable=True)
+def _last_result(state: RetryCallState) -> Any:
+    """Every attempt failed: the last one's (reply, value) is the node's end, not an exception."""
+    assert state.outcome is not None
+    return state.outcome.result()

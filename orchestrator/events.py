@@ -1,8 +1,8 @@
 """The one stream of events a job emits.
 
-The terminal progress, the live feed, the journal and the final report all consume these same values through an
-``on_event`` callback. Events are emitted from the job's event loop; a consumer must be quick and must not block
-(the feed coalesces, the journal batches).
+The terminal progress, the live feed and a library caller's ``on_event`` all consume these same values. Events are
+emitted from the job's event loop; a consumer must be quick and must not block (the feed coalesces). The journal is
+written by the Dispatcher itself, not from events.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .client import Reply
     from .outline import Outline
+    from .reply import Reply
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class NodeStarted:
 
 @dataclass(frozen=True)
 class Delta:
-    """A piece of streamed text of a node's current attempt. Only emitted when a consumer asks for deltas."""
+    """A piece of streamed text of a node's current attempt. Only emitted when the job was asked for them
+    (``generate(..., deltas=True)``)."""
 
     path: str
     text: str

@@ -2,8 +2,8 @@
 
     async with Feed(port=0, linger=None) as feed:
         print("live feed:", feed.url)
-        result = await agenerate(..., on_event=feed)     # feed.wants_deltas is True
-        await feed.linger()                              # page stays up: Ctrl-C, close(), or `linger` seconds
+        result = await agenerate(..., on_event=feed, deltas=True)  # deltas: the text as it streams
+        await feed.linger()                     # the page stays up: until Ctrl-C, close(), or `linger` seconds
 
 ``/`` serves ``templates/feed.html.j2`` (inline script and style, nothing from the network; a Content-Security-Policy
 with a per-response nonce forbids anything else, inline event handlers included). ``/events`` is a Server-Sent
@@ -12,7 +12,7 @@ Events stream of JSON messages:
 ``{"snapshot": true, "status": {...}, "ops": [...], "history": [[t, rate], ...], "final": {...} | null}``
     first message of every connection (and reconnection): the header's state and the most recent sections.
 ``{"status": {...} | absent, "ops": [...], "final": {...} | absent}``
-    what changed since the last message. ``status`` is :meth:`JobState.snapshot`; its rate is the servers'
+    what changed since the last message. ``status`` is ``JobState.snapshot()``; its rate is the servers'
     (``MetricsSample.rate_tok_s``), never timed here. An op is one node's news, coalesced:
     ``{"p": path, "k": kind, "h": title, "a": attempt, "r": reset?, "x": text, "s": "done"|"retry"|"failed",
     "e": error, "g": gap?}`` (``g``: text of this node was dropped for this client, see below).
@@ -21,10 +21,8 @@ DNS rebinding: a page on another site can point its own host name at 127.0.0.1 a
 same-origin. Every request must therefore name this server in its Host header (127.0.0.1, localhost or [::1],
 with this port or none); any other Host gets 403.
 
-Back-pressure: the event callback never awaits and never blocks. Each client owns a small dict of pending ops keyed
-by node path; a Delta appends to its node's op, so a slow browser gets fewer, larger messages. A client's pending
-bytes are capped (``client_bytes``): past the cap the oldest pending ops are dropped (and marked as gaps), so a
-stalled browser costs at most the cap plus the socket's write buffer, and the job never waits for it.
+Back-pressure: the event callback never awaits and never blocks; each browser's pending news is coalesced and
+capped at ``client_bytes`` (``orchestrator.feedstate``), so a stalled browser never slows the job.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ import contextlib
 import math
 import secrets
 import threading
-from collections import OrderedDict
 from typing import Any, Self
 
 import anyio
@@ -43,155 +40,12 @@ import orjson
 from aiohttp import hdrs, web
 
 from .errors import ConfigError
-from .events import Delta, JobFinished, NodeFailed, NodeFinished, NodeStarted
-from .progress import JobState
+from .events import Event
+from .feedstate import ClientQueue, FeedState
+from .jobstate import JobState
 from .resources import template_dirs
 
 __all__ = ["Feed"]
-
-OP_OVERHEAD = 160  # bytes charged per pending op, so that many tiny ops also count against the cap
-ERROR_CHARS = 300
-
-
-class _Op:
-    __slots__ = ("attempt", "chunks", "error", "gap", "kind", "nbytes", "path", "reset", "status", "title")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.kind: str | None = None
-        self.title: str | None = None
-        self.attempt: int | None = None
-        self.reset = False
-        self.chunks: list[str] = []
-        self.nbytes = 0
-        self.status: str | None = None
-        self.error: str | None = None
-        self.gap = False
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"p": self.path}
-        if self.kind is not None:
-            d["k"] = self.kind
-        if self.title is not None:
-            d["h"] = self.title
-        if self.attempt is not None:
-            d["a"] = self.attempt
-        if self.reset:
-            d["r"] = True
-        if self.chunks:
-            d["x"] = "".join(self.chunks)
-        if self.status is not None:
-            d["s"] = self.status
-        if self.error is not None:
-            d["e"] = self.error
-        if self.gap:
-            d["g"] = True
-        return d
-
-
-class _Client:
-    """One browser connection: its pending ops (coalesced, bounded) and a wake-up signal."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.pending: dict[str, _Op] = {}
-        self.nbytes = 0
-        self.gaps: set[str] = set()  # paths whose pending text was dropped; the next op for them says so
-        self.dropped_ops = 0
-        self.dropped_bytes = 0
-        self.status_dirty = True
-        self.final_pending = False
-        self.wake = asyncio.Event()
-        self.closed = False
-        self.sent_messages = 0
-        self.peak_bytes = 0
-
-    def op(self, path: str) -> _Op:
-        op = self.pending.get(path)
-        if op is None:
-            op = self.pending[path] = _Op(path)
-            self.nbytes += OP_OVERHEAD
-            if path in self.gaps:
-                op.gap = True
-                self.gaps.discard(path)
-            if self.nbytes > self.limit:
-                self._shed()
-        return op
-
-    def add_text(self, path: str, text: str) -> None:
-        op = self.op(path)
-        op.chunks.append(text)
-        n = len(text)
-        op.nbytes += n
-        self.nbytes += n
-        self.peak_bytes = max(self.peak_bytes, self.nbytes)  # before shedding: at most the cap plus one delta
-        if self.nbytes > self.limit:
-            self._shed()
-
-    def _shed(self) -> None:
-        """Drop the oldest pending ops until half the cap is free; the newest op keeps its tail at least."""
-        target = self.limit // 2
-        while self.nbytes > target and len(self.pending) > 1:
-            path, op = next(iter(self.pending.items()))
-            del self.pending[path]
-            self.nbytes -= op.nbytes + OP_OVERHEAD
-            self.dropped_ops += 1
-            self.dropped_bytes += op.nbytes
-            if op.status is None and len(self.gaps) < 8192:
-                self.gaps.add(path)  # its text is incomplete on the page: mark the gap when more comes
-        if self.nbytes > self.limit and self.pending:
-            # One huge op alone: keep its tail.
-            op = next(iter(self.pending.values()))
-            text = "".join(op.chunks)
-            keep = text[-target:]
-            self.dropped_bytes += len(text) - len(keep)
-            self.nbytes -= op.nbytes - len(keep)
-            op.chunks = [keep]
-            op.nbytes = len(keep)
-            op.gap = True
-
-    def take(self) -> list[dict[str, Any]]:
-        ops = [op.to_json() for op in self.pending.values()]
-        self.pending = {}
-        self.nbytes = 0
-        return ops
-
-
-class _Recent:
-    """The last few nodes with their text, for a browser that connects (or reconnects) mid-run."""
-
-    def __init__(self, size: int, text_limit: int) -> None:
-        self.size = size
-        self.text_limit = text_limit
-        self.items: OrderedDict[str, dict[str, Any]] = OrderedDict()
-
-    def start(self, e: NodeStarted) -> None:
-        self.items[e.path] = {"p": e.path, "k": e.kind, "h": e.title, "a": e.attempt, "x": [], "n": 0}
-        self.items.move_to_end(e.path)
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
-
-    def text(self, path: str, text: str) -> None:
-        item = self.items.get(path)
-        if item is not None and item["n"] < self.text_limit:
-            item["x"].append(text)
-            item["n"] += len(text)
-
-    def status(self, path: str, status: str, error: str | None = None) -> None:
-        item = self.items.get(path)
-        if item is not None:
-            item["s"] = status
-            if error:
-                item["e"] = error
-
-    def ops(self) -> list[dict[str, Any]]:
-        out = []
-        for item in self.items.values():
-            op = {k: v for k, v in item.items() if k not in ("x", "n")}
-            op["x"] = "".join(item["x"])
-            op["r"] = True
-            out.append(op)
-        return out
 
 
 class Feed:
@@ -200,10 +54,9 @@ class Feed:
     ``port`` 0 picks a free port; ``linger`` is how long :meth:`linger` keeps the page up after the job (None:
     until Ctrl-C or :meth:`close`); ``templates`` overrides the folder holding ``feed.html.j2``.
     Must be entered inside an asyncio event loop (aiohttp); events must be delivered from that loop or, from
-    another thread, are handed over to it.
+    another thread, are handed over to it. Pass ``deltas=True`` to the job as well: without
+    :class:`~orchestrator.events.Delta` events the page shows each section's progress but not its text.
     """
-
-    wants_deltas = True
 
     def __init__(
         self,
@@ -224,16 +77,14 @@ class Feed:
         self.client_bytes = int(client_bytes)
         self.flush_interval = float(flush_interval)
         self.heartbeat = float(heartbeat)
-        self.state = JobState()
         self.url = ""
-        self._recent = _Recent(recent, text_limit=16_384)
-        self._clients: set[_Client] = set()
+        self._news = FeedState(recent)
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._no_handlers: asyncio.Event | None = None  # set while no /events handler runs
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
         self._closed: asyncio.Event | None = None
-        self._finished: asyncio.Event | None = None
         self._template: jinja2.Template | None = None
         self._hosts: frozenset[str] = frozenset()
 
@@ -256,7 +107,8 @@ class Feed:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         self._closed = asyncio.Event()
-        self._finished = asyncio.Event()
+        self._no_handlers = asyncio.Event()
+        self._no_handlers.set()
         app = web.Application(middlewares=[self._host_guard()])
         app.router.add_get("/", self._page)
         app.router.add_get("/events", self._events)
@@ -300,14 +152,13 @@ class Feed:
         if self._runner is None:
             return
         self.close()
-        for client in list(self._clients):
-            client.closed = True
-            client.wake.set()
+        for client in list(self._news.clients):
+            client.close()
         with anyio.CancelScope(shield=True), anyio.move_on_after(3):
             # Give handlers a moment to end by themselves; cancel the ones stuck writing to a stalled browser.
             with anyio.move_on_after(0.5):
-                while self._handlers:
-                    await asyncio.sleep(0.02)
+                assert self._no_handlers is not None
+                await self._no_handlers.wait()
             for task in list(self._handlers):
                 task.cancel()
             await self._runner.cleanup()
@@ -316,61 +167,21 @@ class Feed:
     @property
     def clients(self) -> int:
         """Browsers connected to /events now."""
-        return len(self._clients)
+        return len(self._news.clients)
+
+    @property
+    def state(self) -> JobState:
+        """The job as the feed has been told it so far."""
+        return self._news.job
 
     # -- the consumer ---------------------------------------------------------------------------------------------
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: Event) -> None:
         if self._loop is not None and threading.get_ident() != self._thread:
             with contextlib.suppress(RuntimeError):  # loop closed: the feed is gone
-                self._loop.call_soon_threadsafe(self._deliver, event)
+                self._loop.call_soon_threadsafe(self._news.deliver, event)
             return
-        self._deliver(event)
-
-    def _deliver(self, e: Any) -> None:
-        if isinstance(e, Delta):
-            recent = self._recent.items.get(e.path)
-            kind = recent["k"] if recent is not None else ("section" if e.path.count(".") == 2 else "plan")
-            if kind != "section":
-                return  # planning nodes stream JSON title lists: their heading is shown, not their raw text
-            self._recent.text(e.path, e.text)
-            for client in self._clients:
-                client.add_text(e.path, e.text)
-                client.wake.set()
-            return
-        for path in self.state.update(e):  # planning nodes that this event showed to be done
-            self._recent.status(path, "done")
-            for client in self._clients:
-                client.op(path).status = "done"
-        if isinstance(e, NodeStarted):
-            self._recent.start(e)
-            for client in self._clients:
-                op = client.op(e.path)
-                if op.attempt is not None and op.attempt != e.attempt:
-                    client.nbytes -= op.nbytes
-                    op.chunks, op.nbytes = [], 0
-                op.kind, op.title, op.attempt, op.reset = e.kind, e.title, e.attempt, True
-                op.status = op.error = None
-        elif isinstance(e, NodeFinished):
-            self._recent.status(e.path, "done")
-            for client in self._clients:
-                op = client.op(e.path)
-                op.status, op.error = "done", None
-        elif isinstance(e, NodeFailed):
-            status = "failed" if e.final else "retry"
-            error = e.error[:ERROR_CHARS]
-            self._recent.status(e.path, status, error)
-            for client in self._clients:
-                op = client.op(e.path)
-                op.status, op.error = status, error
-        elif isinstance(e, JobFinished):
-            for client in self._clients:
-                client.final_pending = True
-            assert self._finished is not None
-            self._finished.set()
-        for client in self._clients:
-            client.status_dirty = True
-            client.wake.set()
+        self._news.deliver(event)
 
     # -- HTTP -----------------------------------------------------------------------------------------------------
 
@@ -384,16 +195,6 @@ class Feed:
             return await handler(request)
 
         return guard
-
-    def _status_payload(self) -> dict[str, Any]:
-        with self.state.lock:
-            return self.state.snapshot()
-
-    def _final_payload(self) -> dict[str, Any] | None:
-        with self.state.lock:
-            if not self.state.finished:
-                return None
-            return {"complete": self.state.complete, "stats": self.state.stats or {}}
 
     async def _page(self, request: web.Request) -> web.Response:
         assert self._template is not None
@@ -420,14 +221,16 @@ class Feed:
         )
 
     async def _status(self, request: web.Request) -> web.Response:
-        body = {"status": self._status_payload(), "final": self._final_payload(), "clients": self.clients}
+        body = {"status": self._news.status(), "final": self._news.final(), "clients": self.clients}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
-        client = _Client(self.client_bytes)
+            assert self._no_handlers is not None
+            self._no_handlers.clear()
+        client = ClientQueue(self.client_bytes)
         resp = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -437,17 +240,10 @@ class Feed:
         )
         try:
             await resp.prepare(request)
-            first = {
-                "snapshot": True,
-                "status": self._status_payload(),
-                "ops": self._recent.ops(),
-                "history": list(self.state.rate_history),
-                "final": self._final_payload(),
-            }
+            first = self._news.snapshot()
             client.status_dirty = False
-            self._clients.add(client)  # from here on, events reach this client's pending ops
+            self._news.clients.add(client)  # from here on, events reach this client's pending ops
             await resp.write(_sse(first))
-            loop = asyncio.get_running_loop()
             while not client.closed and request.transport is not None and not request.transport.is_closing():
                 try:
                     await asyncio.wait_for(client.wake.wait(), self.heartbeat)
@@ -463,24 +259,26 @@ class Feed:
                     msg["ops"] = ops
                 if client.status_dirty:
                     client.status_dirty = False
-                    msg["status"] = self._status_payload()
+                    msg["status"] = self._news.status()
                 if client.final_pending:
                     client.final_pending = False
-                    msg["final"] = self._final_payload()
+                    msg["final"] = self._news.final()
                 if msg:
                     await resp.write(_sse(msg))
                     client.sent_messages += 1
                 # Let news pile up (and coalesce) for a moment: fewer, larger messages for every browser.
-                t_next = loop.time() + self.flush_interval
-                while not client.closed and loop.time() < t_next:
-                    await asyncio.sleep(min(0.05, max(0.0, t_next - loop.time())))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.flush_interval):
+                        await client.gone.wait()
         except ConnectionError:
             pass  # the browser went away
         finally:
-            self._clients.discard(client)
-            client.closed = True
+            self._news.clients.discard(client)
+            client.close()
             if task is not None:
                 self._handlers.discard(task)
+                if not self._handlers and self._no_handlers is not None:
+                    self._no_handlers.set()
         return resp
 
 

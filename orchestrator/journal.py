@@ -14,8 +14,9 @@ A node is committed as soon as it finishes, so a kill -9 loses at most the reque
 same command opens the same journal: the outline and finished sections are reused and only what is missing is
 requested. The API key is never written (``Settings.public()`` leaves it out; backends are stored as URLs).
 
-``Resuming`` wraps the Dispatcher: a node already in the journal is answered from it without a request; a node
-that finishes is written to it. The planner and the runner use it exactly like the Dispatcher.
+This module is the storage (its schema and migration: journal_schema.py). The Dispatcher, given the journal,
+is where resuming happens: a node already in the journal is answered from it without a request, and a node that
+finishes is written to it (``Dispatcher.run``).
 
 Why a planning node keeps its accepted titles and its committed ones: a node re-asked after an unusable reply
 keeps the titles its earlier reply had already committed (their children were started), so its final list is
@@ -29,58 +30,18 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
-from .client import BackendClient, Reply
 from .errors import ConfigError
+from .journal_schema import dumps, open_db
 from .outline import Outline
+from .reply import Reply
 
-T = TypeVar("T")
-
-SCHEMA_VERSION = 2  # 2: nodes.value, committed (1 is migrated on open)
 FILENAME = "journal.sqlite"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS nodes (
-    path              TEXT PRIMARY KEY,   -- '' for the book node, '3' part, '3.7' chapter, '3.7.12' section
-    kind              TEXT NOT NULL,      -- book, part, chapter, section
-    title             TEXT NOT NULL,
-    text              TEXT NOT NULL,
-    finish_reason     TEXT,
-    prompt_tokens     INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    backend           TEXT,
-    attempts          INTEGER NOT NULL,
-    latency_s         REAL,               -- request start -> last byte of the accepted attempt
-    first_token_s     REAL,               -- request start -> first token
-    finished_at       REAL NOT NULL,      -- wall clock (time.time())
-    run               INTEGER NOT NULL,
-    value             TEXT                -- planning nodes: the accepted titles as JSON {"title", "items"}
-);
-CREATE TABLE IF NOT EXISTS committed (
-    path   TEXT PRIMARY KEY,              -- a planning node that had not finished
-    label  TEXT NOT NULL,                 -- its own title (the node is only this node under this title)
-    title  TEXT,                          -- the book title it committed (book node only)
-    items  TEXT NOT NULL                  -- JSON list of the titles committed so far, in order
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id         INTEGER PRIMARY KEY,
-    started_at REAL NOT NULL,
-    ended_at   REAL,
-    status     TEXT NOT NULL,             -- running, complete, incomplete, interrupted, aborted
-    requests   INTEGER,
-    resumed    INTEGER
-);
-"""
 
 
 def resume_key(prompt: str, settings: Any) -> dict[str, Any]:
@@ -164,37 +125,14 @@ class Journal:
 
     @classmethod
     def _open(cls, path: Path, prompt: str, settings: Any, lock: Any) -> Journal:
-        key = resume_key(prompt, settings)
         conn = None
         try:
-            conn = _connect(path)
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall()) if _has_meta(conn) else {}
-            if meta:
-                _check(path, meta, key)
-                if meta.get("schema_version") == "1":
-                    _migrate_1(conn)
-            else:
-                if _has_tables(conn):
-                    raise ConfigError(f"{path} is an SQLite file of something else, not a handbook journal; "
-                                      "remove it, choose another --out, or pass --fresh")
-                with conn:
-                    conn.executescript(_SCHEMA)
-                    conn.executemany(
-                        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                        [
-                            ("schema_version", str(SCHEMA_VERSION)),
-                            ("app", "handbook"),
-                            ("created_at", repr(time.time())),
-                            ("prompt", prompt),
-                            ("key", _dumps(key)),
-                            ("settings", _dumps(settings.public())),
-                        ],
-                    )
-                meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            conn, meta = open_db(path, prompt, resume_key(prompt, settings), settings.public())
             nodes = {}
             for row in conn.execute(f"SELECT {_NODE_COLUMNS} FROM nodes"):
-                value = orjson.loads(row[9]) if row[9] else None
-                nodes[row[0]] = StoredNode(*row[:9], value=value)
+                path_, kind, title, text, finish, prompt_tokens, completion_tokens, backend, attempts, value = row
+                nodes[path_] = StoredNode(path_, kind, title, text, finish, prompt_tokens, completion_tokens, backend,
+                                          attempts, orjson.loads(value) if value else None)
             committed = {
                 p: (label, Committed(title, tuple(orjson.loads(items))))
                 for p, label, title, items in conn.execute("SELECT path, label, title, items FROM committed")
@@ -205,6 +143,8 @@ class Journal:
                     "INSERT INTO runs (started_at, status, resumed) VALUES (?, 'running', ?)",
                     (time.time(), sum(1 for n in nodes.values() if n.kind == "section")),
                 )
+            run_id = cur.lastrowid
+            assert run_id is not None  # an INSERT's row
         except ConfigError:
             if conn is not None:
                 conn.close()
@@ -217,7 +157,7 @@ class Journal:
                 f"{path} is not a readable handbook journal ({why}); remove it, choose another --out, "
                 "or pass --fresh"
             ) from None
-        return cls(path, conn, int(cur.lastrowid), nodes, outline, committed, lock)
+        return cls(path, conn, run_id, nodes, outline, committed, lock)
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -240,7 +180,7 @@ class Journal:
 
     def set_meta(self, key: str, value: Any) -> None:
         self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                    (key, value if isinstance(value, str) else _dumps(value)))
+                    (key, value if isinstance(value, str) else dumps(value)))
 
     def check_model(self, model: str) -> None:
         """The model decides the outline too; it is known only once the backends were asked."""
@@ -259,7 +199,7 @@ class Journal:
     def commit_titles(self, path: str, label: str, title: str | None, items: list[str] | tuple[str, ...]) -> None:
         """Record the titles an unfinished planning node has committed so far (children started from them)."""
         self._write("INSERT OR REPLACE INTO committed (path, label, title, items) VALUES (?, ?, ?, ?)",
-                    (path, label, title, _dumps(list(items))))
+                    (path, label, title, dumps(list(items))))
 
     def record(self, path: str, kind: str, title: str, reply: Reply, attempts: int, value: Any = None) -> None:
         """Commit one finished node (``value``: a planning node's accepted titles, as JSON-able data)."""
@@ -272,7 +212,7 @@ class Journal:
                     path, kind, title, reply.text, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens,
                     reply.backend, attempts, round(reply.t_end - reply.t_start, 4),
                     None if reply.t_first is None else round(reply.t_first - reply.t_start, 4), time.time(),
-                    self.run_id, None if value is None else _dumps(value),
+                    self.run_id, None if value is None else dumps(value),
                 ),
             ),
             ("DELETE FROM committed WHERE path = ?", (path,)),
@@ -313,30 +253,6 @@ class Journal:
             self._broken = True
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.isolation_level = None
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=5000")
-    conn.isolation_level = ""  # ``with conn:`` commits
-    return conn
-
-
-def _has_tables(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table'").fetchone() is not None
-
-
-def _migrate_1(conn: sqlite3.Connection) -> None:
-    """Schema 1 -> 2: planning nodes gain ``value`` (absent for old nodes: they are re-parsed from their reply),
-    and the ``committed`` table is added."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
-    with conn:
-        if "value" not in columns:  # a migration cut short before its version was written: do only the rest
-            conn.execute("ALTER TABLE nodes ADD COLUMN value TEXT")
-        conn.executescript(_SCHEMA)
-        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-
 
 def _lock(path: Path) -> Any:
     """Hold an exclusive lock on the out dir for this job (released on close or when the process dies)."""
@@ -373,45 +289,6 @@ def _unlock(lock: Any) -> None:
             pass
 
 
-def _has_meta(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is not None
-
-
-def _check(path: Path, meta: dict[str, str], key: dict[str, Any]) -> None:
-    if meta.get("app") != "handbook":
-        raise ConfigError(f"{path} is not a handbook journal; remove it, choose another --out, or pass --fresh")
-    try:
-        version = int(meta.get("schema_version", "0"))
-    except ValueError:
-        version = -1
-    if version not in (1, SCHEMA_VERSION):
-        raise ConfigError(
-            f"{path} has journal schema {version}, this handbook reads {SCHEMA_VERSION}; pass --fresh to start over"
-        )
-    old = orjson.loads(meta["key"])
-    if not isinstance(old, dict):
-        raise ValueError("its job key is not a mapping")
-    if old.get("prompt") != key["prompt"]:
-        raise ConfigError(
-            f"{path.parent} holds another job's journal (prompt {_clip(old.get('prompt'))}); "
-            "choose another --out, or pass --fresh to overwrite it"
-        )
-    changed = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in key.items() if old.get(k) != v]
-    if changed:
-        raise ConfigError(
-            f"{path} was written with other settings ({'; '.join(changed)}) that would change the book; "
-            "rerun with the same settings to resume, or pass --fresh to start over"
-        )
-
-
-def _clip(s: Any, n: int = 60) -> str:
-    s = str(s)
-    return repr(s if len(s) <= n else s[: n - 1] + "…")
-
-
-def _dumps(v: Any) -> str:
-    return orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
-
 
 def _remove(path: Path) -> None:
     for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
@@ -423,61 +300,3 @@ def _remove(path: Path) -> None:
             raise ConfigError(f"cannot remove the old journal {p}: {e.strerror or e}") from None
 
 
-class Resuming:
-    """A Dispatcher that answers from the journal what an earlier run finished and journals what this run does.
-
-    A stored node answers only the node it was written for: same path, kind *and* title (``Journal.get``).
-    ``restore(stored)`` turns a stored node into the caller's value (planning nodes: the accepted titles), or
-    returns None to ask again; without it the stored reply goes through ``validate`` like a fresh one. ``keep``
-    gives the JSON-able value to journal with a finished node. ``resumed`` counts the nodes answered from the
-    journal, by kind; ``resumed_levels`` by planning level (0 book, 1 part, 2 chapter, 3 section)."""
-
-    def __init__(self, dispatcher: Any, journal: Journal | None):
-        self.d = dispatcher
-        self.journal = journal
-        self.resumed: dict[str, int] = {}
-        self.resumed_levels = [0, 0, 0, 0]
-
-    def __getattr__(self, name: str) -> Any:  # requests, replies, request_errors, fleet...
-        return getattr(self.d, name)
-
-    async def run(
-        self,
-        path: str,
-        kind: str,
-        title: str,
-        build: Callable[[BackendClient, int], dict[str, Any]],
-        validate: Callable[[Reply], T] | None = None,
-        priority: tuple[int, int] = (1, 0),
-        *,
-        restore: Callable[[StoredNode], T | None] | None = None,
-        keep: Callable[[T], Any] | None = None,
-        **kwargs: Any,
-    ):
-        from .dispatch import Outcome
-
-        stored = self.journal.get(path, kind, title) if self.journal is not None else None
-        if stored is not None:
-            value: Any = None
-            try:
-                if restore is not None:
-                    value = restore(stored)
-                    if value is None:
-                        raise ValueError("nothing to restore")
-                elif validate is not None:
-                    value = validate(stored.reply())
-            except ValueError:
-                stored = None  # the journal holds something we cannot use any more: ask again
-            else:
-                self.resumed[kind] = self.resumed.get(kind, 0) + 1
-                self.resumed_levels[_level(path)] += 1
-                return Outcome(stored.reply(), value, 0)
-        out = await self.d.run(path, kind, title, build, validate, priority, **kwargs)
-        if out.reply.ok and self.journal is not None:
-            kept = keep(out.value) if keep is not None and out.value is not None else None
-            self.journal.record(path, kind, title, out.reply, out.attempts, kept)
-        return out
-
-
-def _level(path: str) -> int:
-    return len(path.split(".")) if path else 0

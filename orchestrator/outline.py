@@ -85,14 +85,3 @@ def level_of(path: str) -> int:
     """0 for the book, 1 for a part, 2 for a chapter, 3 for a section."""
     return 0 if path == "" else path.count(".") + 1
 
-
-KIND_BY_LEVEL = ("book", "part", "chapter", "section")
-
-
-def kind_of(path: str) -> str:
-    return KIND_BY_LEVEL[level_of(path)]
-
-
-def sort_key(path: str) -> tuple[int, ...]:
-    """Outline order for node paths ("2.10" after "2.9")."""
-    return tuple(int(x) for x in path.split(".")) if path else ()

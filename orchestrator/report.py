@@ -12,7 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from .assemble import Book
-from .client import Reply
+from .reply import Reply
+
+
+@dataclass(frozen=True)
+class BackendFigures:
+    """How one backend's fleet slot fared: the client-side figures stats.json's ``per_backend`` adds to the
+    replies' counts."""
+
+    max_in_flight: int
+    cap: int
+    left_rotation: int  # times it was taken out of rotation
+    probe_completions: int  # health-probe completions sent while it was out of rotation (not job requests) ...
+    probe_failures: int  # ... how many of them failed ...
+    probe_tokens: int  # ... and their tokens: the server counted them, so tokens_written does too
 
 
 @dataclass(frozen=True)
@@ -30,9 +43,12 @@ class JobRecord:
     t_end: float
     resumed_sections: int = 0
     server_counted: dict[str, Any] | None = None
-    probe_tokens: int = 0  # tokens of the health probes' completions: the servers counted them too
+    fleet: tuple[BackendFigures, ...] = ()  # one per backend, in ``backends`` order (empty: not measured)
+    model: str = ""
+    interrupted: bool = False  # the run stopped before the book was done (Ctrl-C, every backend down)
     typeset_s: float | None = None
     pdf_pages: int | None = None
+    typeset_error: str | None = None  # why book.html/book.pdf could not be made
 
 
 def build_stats(rec: JobRecord) -> dict[str, Any]:
@@ -42,28 +58,33 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     section_replies = [r for k, r in rec.replies if k == "section"]
     plan_replies = [r for k, r in rec.replies if k != "section"]
     section_tokens = sum(r.completion_tokens for r in section_replies)
-    tokens = sum(r.completion_tokens for _, r in rec.replies) + rec.probe_tokens
+    probe_tokens = sum(f.probe_tokens for f in rec.fleet)
+    tokens = sum(r.completion_tokens for _, r in rec.replies) + probe_tokens
     write_s = (
         rec.t_write_end - rec.t_write_start
         if rec.t_write_start is not None and rec.t_write_end is not None
         else 0.0
     )
     per_backend = []
-    for url in rec.backends:
+    figures: Sequence[BackendFigures | None] = rec.fleet or (None,) * len(rec.backends)
+    for url, f in zip(rec.backends, figures, strict=True):
         mine = [r for _, r in rec.replies if r.backend == url]
-        per_backend.append(
-            {
-                "url": url,
-                "sections": sum(1 for r in section_replies if r.backend == url and r.ok),
-                "tokens": sum(r.completion_tokens for r in mine),
-                "errors": sum(1 for r in mine if not r.ok),
-            }
-        )
+        entry: dict[str, Any] = {
+            "url": url,
+            "sections": sum(1 for r in section_replies if r.backend == url and r.ok),
+            "tokens": sum(r.completion_tokens for r in mine),
+            "errors": sum(1 for r in mine if not r.ok),
+        }
+        if f is not None:
+            entry.update(max_in_flight=f.max_in_flight, cap=f.cap, left_rotation=f.left_rotation,
+                         probe_completions=f.probe_completions, probe_failures=f.probe_failures,
+                         probe_tokens=f.probe_tokens)
+        per_backend.append(entry)
     failed = [s.path for s in book.sections if s.failed]
     interrupted = [s.path for s in book.sections if s.interrupted]
     empty = [s.path for s in book.sections if s.empty]
     truncated = [s.path for s in book.sections if s.finish_reason == "length"]
-    return {
+    stats: dict[str, Any] = {
         "cards": len(rec.backends),
         "plan": list(rec.plan_levels),
         "sections": sections,
@@ -89,7 +110,12 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "per_backend": per_backend,
         "failed_section_paths": failed,
         "warnings": usage_warnings(rec),
+        "model": rec.model,
+        "interrupted": rec.interrupted,
     }
+    if rec.typeset_error is not None:
+        stats["typeset_error"] = rec.typeset_error
+    return stats
 
 
 def usage_warnings(rec: JobRecord) -> list[str]:
@@ -137,7 +163,7 @@ def row_cells(stats: dict[str, Any]) -> list[str]:
     for _, key in ROW_COLUMNS:
         v = stats.get(key)
         if key == "plan":
-            cells.append(" -> ".join(str(x) for x in v))
+            cells.append(" -> ".join(str(x) for x in v or ()))
         elif isinstance(v, float):
             cells.append(f"{v:,.2f}")
         elif isinstance(v, int):

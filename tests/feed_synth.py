@@ -16,7 +16,6 @@ from typing import Any
 
 import anyio
 
-from orchestrator.client import Reply
 from orchestrator.events import (
     Delta,
     JobFinished,
@@ -29,6 +28,7 @@ from orchestrator.events import (
     OutlineReady,
 )
 from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.reply import Reply
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 
@@ -247,7 +247,6 @@ async def synthetic_job(
 if __name__ == "__main__":  # a slow synthetic job behind a real feed, for a look in a browser
     import sys
 
-    sys.path.insert(0, ".")
     from orchestrator.feed import Feed
 
     async def main() -> None:

@@ -6,7 +6,6 @@ Each case runs the real CLI (``python -m orchestrator ...``) in a subprocess.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeServer
 
+from orchestrator.osutil import free_port
 from orchestrator.sim.launch import SimFleet
 
 SECRET = "sk-test-very-secret-key-0123456789abcdef"
@@ -40,18 +40,9 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
     return errors[0]
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.fixture(scope="module")
-def card():
-    with SimFleet(cards=1) as fleet:
-        yield fleet.urls[0]
+def card(sim_fleet):
+    return sim_fleet(1).urls[0]
 
 
 # -- flags and job files ----------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -14,9 +13,10 @@ import anyio
 import pytest
 
 from orchestrator import cli
-from orchestrator.bench.ladder import BenchSettings, add_arguments, run_ladder, settings_from_args
-from orchestrator.bench.report import chart_svg, fit_step
+from orchestrator.bench import BenchSettings, chart_svg, fit_step, run_ladder
+from orchestrator.cli.bench import add_arguments, settings_from_args
 from orchestrator.errors import ConfigError
+from orchestrator.osutil import free_port
 from orchestrator.sim.launch import SimFleet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,11 +209,7 @@ def test_compare_labels_from_directories(tmp_path, capsys):
 
 
 def closed_port_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 @pytest.mark.parametrize(
@@ -261,7 +257,8 @@ def test_unreachable_backend_exits_3_with_one_line(tmp_path):
                      str(tmp_path / "x"), timeout=60)
     assert proc.returncode == 3
     err = proc.stderr.strip()
-    assert err.startswith("handbook: error: backend http://127.0.0.1:") and "unreachable" in err
+    # the job's own discovery (orchestrator.client.discover) and its words
+    assert err.startswith("handbook: error: cannot reach http://127.0.0.1:")
     assert "\n" not in err and "Traceback" not in err
 
 

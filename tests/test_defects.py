@@ -8,8 +8,9 @@ import random
 import pytest
 
 from orchestrator.assemble import Book, SectionText, assemble, count_words, section_body
-from orchestrator.defects import Defects, block_ending, find_defects, near_duplicates, scan_block
+from orchestrator.defects import Defects, find_defects
 from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.textscan import block_ending, near_duplicates, scan_block
 
 DESIGN_KEYS = {
     "duplicate_section_titles", "unterminated_blocks", "truncated_sections", "empty_sections", "failed_sections",

@@ -1,4 +1,4 @@
-"""The local engine's lifecycle (orchestrator/engine.py) against a stand-in server, fast and without vLLM.
+"""The local engine's lifecycle (orchestrator/engine/) against a stand-in server, fast and without vLLM.
 
 A fake "engine Python" runs a tiny HTTP server whenever it is asked for ``-m vllm.entrypoints...`` and the real
 Python otherwise, so every line of the start/stop/reuse/convert logic runs as in production: the launcher that
@@ -20,7 +20,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestrator.engine import process as E
+from orchestrator import engine as E
+from orchestrator.cli import engine as engine_cli
+from orchestrator.engine import children, installer, server
 from orchestrator.errors import BackendError, ConfigError
 
 FAKE_SERVER = textwrap.dedent(
@@ -96,13 +98,13 @@ def fake(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("HANDBOOK_ENGINE_PYTHON", str(py))
     monkeypatch.setenv("FAKE_CONVERT_COUNT", str(tmp_path / "convert-count"))
-    monkeypatch.setattr(E, "CONVERT_SCRIPT", convert)
+    monkeypatch.setattr(installer, "CONVERT_SCRIPT", convert)
     monkeypatch.delenv("HANDBOOK_CACHE", raising=False)
     return cache
 
 
 def group_gone(pgid: int) -> bool:
-    return not E._group_alive(pgid) and not E._pid_alive(pgid)
+    return not children.group_alive(pgid) and not children.pid_alive(pgid)
 
 
 def wait_until(cond, timeout=10.0) -> bool:
@@ -124,7 +126,7 @@ def test_cache_dir_resolution(monkeypatch, tmp_path):
 
 def test_not_installed_is_one_line_with_the_install_command(tmp_path, monkeypatch):
     monkeypatch.delenv("HANDBOOK_ENGINE_PYTHON", raising=False)
-    monkeypatch.setattr(E, "_current_env_has_engine", lambda: False)
+    monkeypatch.setattr(installer, "_current_env_has_engine", lambda: False)
     assert E.engine_python(tmp_path) is None
     with pytest.raises(BackendError) as info, E.LocalEngine(cache_dir=tmp_path, reuse=False):
         pass
@@ -162,7 +164,7 @@ def test_sync_lifecycle_progress_and_clean_stop(fake):
     with E.LocalEngine(cache_dir=fake, on_progress=said.append, reuse=False) as eng:
         assert eng.url.startswith("http://127.0.0.1:") and eng.url.endswith("/v1")
         assert eng.model == E.MODEL_NAME
-        assert E._health(eng.url.removesuffix("/v1"))
+        assert server.health(eng.url.removesuffix("/v1"))
         pid = eng._proc.pid
         assert os.getpgid(pid) == pid, "the server leads a process group of its own"
         assert (fake / "run" / str(eng.port) / "tmp").is_dir()
@@ -213,7 +215,7 @@ def test_port_in_use_is_a_config_error(fake):
 async def test_async_lifecycle_and_cancel_during_startup(fake, monkeypatch):
     async with E.LocalEngine(cache_dir=fake, reuse=False) as eng:
         pid = eng._proc.pid
-        assert E._health(eng.url.removesuffix("/v1"))
+        assert server.health(eng.url.removesuffix("/v1"))
     assert group_gone(pid)
 
     monkeypatch.setenv("FAKE_DELAY", "60")  # never healthy in time: cancelled while waiting
@@ -237,17 +239,17 @@ def test_killed_parent_leaves_no_server(fake, tmp_path):
     E.prepare_model(fake)  # the child process does not see our fake converter
     script = tmp_path / "holder.py"
     script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(Path(E.__file__).parent.parent)!r})
+        import time
         from orchestrator.engine import LocalEngine
         with LocalEngine(cache_dir={str(fake)!r}, reuse=False) as eng:
             print(eng._proc.pid, flush=True)
             time.sleep(60)
     """))
-    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ, PYTHONPATH=str(Path(E.__file__).parents[2]))  # the same orchestrator as this test
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pid = int(holder.stdout.readline())
-        assert E._pid_alive(pid)
+        assert children.pid_alive(pid)
         holder.kill()
         holder.wait()
         assert wait_until(lambda: group_gone(pid), timeout=10), "the server outlived its killed parent"
@@ -258,13 +260,13 @@ def test_killed_parent_leaves_no_server(fake, tmp_path):
 
 def _cli(cache: Path, action: str, port: int | None = None, as_json: bool = False) -> int:
     parser = argparse.ArgumentParser()
-    E.add_arguments(parser)
+    engine_cli.add_arguments(parser)
     argv = [action, "--cache-dir", str(cache)]
     if port is not None:
         argv += ["--port", str(port)]
     if as_json:
         argv.append("--json")
-    return E.run(parser.parse_args(argv))
+    return engine_cli.run(parser.parse_args(argv))
 
 
 def test_background_start_status_reuse_stop(fake, capsys):
@@ -310,7 +312,7 @@ def test_install_is_a_fast_noop_when_installed(tmp_path, monkeypatch):
     venv = tmp_path / "engine" / "venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)
-    (tmp_path / "engine" / "venv" / "handbook-engine.json").write_text(json.dumps({"specs": E._install_specs()}))
+    (tmp_path / "engine" / "venv" / "handbook-engine.json").write_text(json.dumps({"specs": installer._install_specs()}))
     t0 = time.monotonic()
     assert E.install(tmp_path, prepare=False) == tmp_path / "engine" / "venv" / "bin" / "python"
     assert time.monotonic() - t0 < 1
@@ -318,7 +320,7 @@ def test_install_is_a_fast_noop_when_installed(tmp_path, monkeypatch):
 
 
 def test_sigterm_constant_is_what_the_launcher_sends():
-    assert "prctl(1, int(signal.SIGTERM)" in E._LAUNCHER  # 1: PR_SET_PDEATHSIG
+    assert "prctl(1, int(signal.SIGTERM)" in children.LAUNCHER  # 1: PR_SET_PDEATHSIG
 
 
 def test_run_dirs_of_dead_servers_are_swept(fake):

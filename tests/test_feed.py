@@ -13,26 +13,21 @@ import os
 import re
 import shutil
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import aiohttp
 import anyio
+import anyio.lowlevel
 import orjson
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from typing import Self
-
-import anyio.lowlevel
 from feed_synth import HOSTILE, synthetic_job
 
-from orchestrator.client import Reply
 from orchestrator.events import Delta, JobFinished, MetricsSample, NodeFinished, NodeStarted
 from orchestrator.feed import Feed
+from orchestrator.reply import Reply
 from orchestrator.resources import bundled_templates
 
 pytestmark = pytest.mark.anyio
@@ -52,11 +47,6 @@ INSTALL_HINT = (
     "as root: `apt-get update && apt-get install -y chromium` (Debian's package, about 20 s), and "
     "`.venv/bin/pip install playwright`; never run `playwright install` (it downloads a browser, which fails here)"
 )
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"  # aiohttp and playwright are asyncio libraries
 
 
 def chromium_path() -> str:
@@ -103,11 +93,11 @@ class open_browser:
             await self._pw.__aexit__(*exc)
 
 
-async def wait_js(page, fn: str, timeout: float = 20.0) -> None:
+async def wait_js(page, fn: str, within: float = 20.0) -> None:
     """Poll a JS function until it returns true. (page.wait_for_function evaluates strings with eval, which the
     page's Content-Security-Policy rightly forbids; page.evaluate calls a function without eval.)"""
-    with anyio.fail_after(timeout):
-        while not await page.evaluate(fn):
+    with anyio.fail_after(within):
+        while not await page.evaluate(fn):  # noqa: ASYNC110 - the page's state has no event to await from here
             await anyio.sleep(0.05)
 
 
@@ -269,9 +259,9 @@ async def test_a_stalled_browser_neither_slows_the_job_nor_grows_memory():
         sock.connect(("127.0.0.1", feed.port))
         sock.sendall(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{feed.port}\r\n\r\n".encode())
         with anyio.fail_after(5):
-            while feed.clients < 1:
+            while feed.clients < 1:  # noqa: ASYNC110 - the connection is a raw socket: only the count tells
                 await anyio.sleep(0.01)
-        stalled = next(iter(feed._clients))
+        stalled = next(iter(feed._news.clients))
         piece = "lorem ipsum dolor sit amet " * 4  # 108 bytes, a typical chunk
         sent = 0
         worst = 0.0
@@ -331,7 +321,7 @@ async def test_events_from_another_thread_are_handed_to_the_loop():
         th.start()
         th.join()
         with anyio.fail_after(5):
-            while feed.state.rate != 42.0:
+            while feed.state.rate != 42.0:  # noqa: ASYNC110 - the hand-over to the loop is what is tested
                 await anyio.sleep(0.01)
 
 
@@ -514,7 +504,7 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
                     "() => document.querySelectorAll('#feed .entry:not(.plan) h3').length >= 3"
                     " && /^[0-9,]+$/.test(document.getElementById('rate').textContent)"
                     " && document.getElementById('rate').textContent !== '0'",
-                    timeout=120,
+                    within=120,
                 )
                 mid["finished_yet"] = job_done.is_set()
                 mid["rate"] = await page.text_content("#rate")
@@ -532,6 +522,7 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
                                           formats=("md",), cap=8),
                         out=tmp_path / "out",
                         on_event=[feed, progress],
+                        deltas=True,
                     )
                     job_done.set()
             job_s = time.monotonic() - t0

@@ -9,10 +9,12 @@ import anyio
 import pytest
 
 from orchestrator import ConfigError, Settings
-from orchestrator.client import Reply
-from orchestrator.dispatch import Outcome
-from orchestrator.journal import FILENAME, SCHEMA_VERSION, Journal, Resuming
+from orchestrator.dispatch import Dispatcher
+from orchestrator.fleet import Fleet
+from orchestrator.journal import FILENAME, Journal
+from orchestrator.journal_schema import SCHEMA_VERSION
 from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.reply import Reply
 
 SECRET = "sk-journal-secret-0123456789"
 
@@ -100,23 +102,30 @@ def test_newer_schema_and_foreign_files_are_refused(tmp_path):
         Journal.open(other, "A book", Settings())
 
 
-class FakeDispatcher:
+class FakeClient:
+    """A backend that answers every request with the text its body asks for."""
+
+    url = "http://127.0.0.1:1/v1"
+
     def __init__(self):
         self.calls: list[str] = []
-        self.requests = 0
 
-    async def run(self, path, kind, title, build, validate=None, priority=(1, 0), **kw):
-        self.calls.append(path)
-        self.requests += 1
-        r = reply(f"1. {title} one\n2. {title} two")
-        return Outcome(r, validate(r) if validate else None, 1)
+    async def send(self, make_body, *, attempt=1, on_delta=None):
+        body = make_body()
+        self.calls.append(body["path"])
+        return [reply(body["answer"])]
 
 
-def test_resuming_answers_finished_nodes_from_the_journal(tmp_path):
+def dispatcher(client: FakeClient, journal: Journal) -> Dispatcher:
+    return Dispatcher(Fleet([client], [4], lambda e: None), lambda e: None, attempts=1, wants_deltas=False,
+                      journal=journal)
+
+
+def test_the_dispatcher_answers_finished_nodes_from_the_journal(tmp_path):
     s = Settings()
     j = Journal.open(tmp_path, "A book", s)
-    fake = FakeDispatcher()
-    res = Resuming(fake, j)
+    fake = FakeClient()
+    d = dispatcher(fake, j)
 
     def validate(r: Reply) -> list[str]:
         lines = r.text.splitlines()
@@ -124,24 +133,30 @@ def test_resuming_answers_finished_nodes_from_the_journal(tmp_path):
             raise ValueError("two lines")
         return lines
 
-    async def go():
-        return [await res.run(p, "part", f"P{p}", lambda c, n: {}, validate) for p in ("1", "2")]
+    def build(p: str):
+        return lambda c, n: {"path": p, "answer": f"1. P{p} one\n2. P{p} two"}
 
-    first = anyio.run(go)
+    async def go(paths):
+        return [await d.run(p, "part", f"P{p}", build(p), validate) for p in paths]
+
+    first = anyio.run(go, ("1", "2"))
     assert fake.calls == ["1", "2"] and all(o.attempts == 1 for o in first)
+    assert d.resumed == {} and d.requests == 2
     j.close()
 
     j = Journal.open(tmp_path, "A book", s)
-    fake2 = FakeDispatcher()
-    res2 = Resuming(fake2, j)
-
-    async def go2():
-        return [await res2.run(p, "part", f"P{p}", lambda c, n: {}, validate) for p in ("1", "2", "3")]
-
-    second = anyio.run(go2)
-    assert fake2.calls == ["3"]  # only the node the first run never finished
+    fake = FakeClient()
+    d = dispatcher(fake, j)
+    second = anyio.run(go, ("1", "2", "3"))
+    assert fake.calls == ["3"]  # only the node the first run never finished
     assert [o.attempts for o in second] == [0, 0, 1]
     assert second[0].value == first[0].value
-    assert res2.resumed == {"part": 2} and res2.resumed_levels == [0, 2, 0, 0]
-    assert res2.requests == 1  # everything else is the dispatcher's
+    assert d.resumed == {"part": 2} and d.resumed_levels == [0, 2, 0, 0]
+    assert d.requests == 1  # a node answered from the journal is no request
+    # what the journal answers goes through validate again: a stored reply it now rejects is asked again
+    def three_lines(r: Reply) -> list[str]:
+        raise ValueError("three lines")
+
+    again = anyio.run(lambda: d.run("1", "part", "P1", build("1"), three_lines))
+    assert fake.calls == ["3", "1"] and again.attempts == 1 and again.value is None
     j.close()

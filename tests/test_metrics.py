@@ -11,7 +11,6 @@ import anyio
 import pytest
 from aiohttp import web
 
-from orchestrator.client import Reply
 from orchestrator.events import MetricsSample
 from orchestrator.metrics import (
     Counters,
@@ -21,13 +20,10 @@ from orchestrator.metrics import (
     parse_metrics,
     server_counted,
 )
+from orchestrator.osutil import free_port
+from orchestrator.reply import Reply
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 # A /metrics page shaped like vLLM's (v1 engine, prometheus_client exposition): HELP/TYPE lines, labels with
@@ -487,13 +483,7 @@ async def start_server(handler) -> tuple[web.AppRunner, str]:
 
 
 def closed_port_url() -> str:
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"
 
 
 async def test_live_sampler_measures_a_rising_counter():
@@ -570,6 +560,34 @@ async def test_unparsable_metrics_are_a_gap():
     finally:
         await runner.cleanup()
     assert s.tokens is None and sampler.errors[url] == 1 and sampler.series[url] == []
+
+
+async def test_next_round_wakes_every_waiter_with_a_later_sample():
+    srv = RisingServer(1000.0)
+    runner, url = await start_server(srv.metrics)
+    got: list[MetricsSample] = []
+    try:
+        sampler = MetricsSampler([url], interval=0.2)
+
+        async def waiter() -> None:
+            got.append(await sampler.next_round())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            tg.start_soon(waiter)
+            await anyio.sleep(0.05)
+            assert got == []  # no round has run: nobody is woken
+            t_asked = time.monotonic()
+            tg.start_soon(sampler.run)
+            with anyio.fail_after(5):
+                while len(got) < 2:
+                    await sampler.next_round()
+            later = await sampler.next_round()  # a new wait is for the round after
+            tg.cancel_scope.cancel()
+    finally:
+        await runner.cleanup()
+    assert got[0] is got[1] and got[0].t > t_asked and got[0].tokens is not None
+    assert later.t > got[0].t and sampler.rounds >= 2
 
 
 # ------------------------------------------------------------------------------------ coverage, live and named
@@ -720,7 +738,7 @@ def test_build_stats_warns_when_a_backend_sends_no_usage():
 def test_printed_figures_say_what_they_are():
     from orchestrator.report import ROW_COLUMNS, server_counted_line
 
-    header = [name for name, key in ROW_COLUMNS if key == "avg_tok_s_writing"][0]
+    header = next(name for name, key in ROW_COLUMNS if key == "avg_tok_s_writing")
     assert "usage" in header and "write" in header  # the reference run's definition, not a server count
     a, b, c = "http://a/v1", "http://b/v1", "http://c/v1"
     partial = {"sustained_tok_s": 1000.0, "best_second_tok_s": 1200.0, "metric": "vllm:generation_tokens_total",

@@ -11,10 +11,11 @@ import pytest
 from orchestrator import Settings, generate
 from orchestrator.client import BackendClient
 from orchestrator.config import Backend
-from orchestrator.dispatch import Dispatcher, Fleet
+from orchestrator.dispatch import Dispatcher
 from orchestrator.events import LevelPlanned, NodeStarted
+from orchestrator.fleet import Fleet
 from orchestrator.plan import Planner, TitleStream, extract_titles, parse_titles
-from orchestrator.plan.planner import _Expansion
+from orchestrator.plan.stream import Expansion
 from orchestrator.sim.launch import SimFleet
 
 
@@ -88,7 +89,7 @@ def test_text_prefix_agrees_with_the_final_parse():
 
 def test_expansion_starts_children_in_order_and_stops_at_a_duplicate():
     started = []
-    exp = _Expansion(4, True, lambda i, t, b: started.append((i, t, b)))
+    exp = Expansion(4, True, lambda i, t, b: started.append((i, t, b)))
     exp.new_attempt()
     for piece in ['{"title":"B', 'ook","items":["A",', '"B","a","C"]}']:
         exp.on_delta(piece)
@@ -107,7 +108,7 @@ def test_expansion_starts_children_in_order_and_stops_at_a_duplicate():
 
 def test_expansion_retry_that_repeats_the_committed_prefix_continues():
     started = []
-    exp = _Expansion(3, False, lambda i, t, b: started.append(t))
+    exp = Expansion(3, False, lambda i, t, b: started.append(t))
     exp.new_attempt()
     exp.on_delta('{"items":["A","B"')  # then the stream is cut
     exp.new_attempt()
@@ -117,7 +118,7 @@ def test_expansion_retry_that_repeats_the_committed_prefix_continues():
 
 
 def test_strict_expansion_starts_nothing():
-    exp = _Expansion(3, False, None)
+    exp = Expansion(3, False, None)
     exp.new_attempt()
     exp.on_delta('{"items":["A","B","C"]}')
     assert exp.committed == []
@@ -126,9 +127,8 @@ def test_strict_expansion_starts_nothing():
 # -- against simulated cards -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cards():
-    with SimFleet(cards=2, time_scale=0.5) as fleet:
-        yield fleet
+def cards(sim_fleet):
+    return sim_fleet(2, time_scale=0.5)
 
 
 def test_pipelined_and_strict_make_the_same_outline(cards, tmp_path):
@@ -215,7 +215,8 @@ def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path
 
 
 def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
-    from orchestrator.plan import norm, parse_titles
+    from orchestrator.plan import parse_titles
+    from orchestrator.repair import norm_title as norm
 
     avoid = frozenset({norm("Software Engineering Handbook"), norm("Testing")})
     with pytest.raises(ValueError, match="parent"):
@@ -243,7 +244,7 @@ def test_a_rambling_title_is_reasked_not_sent_on():
     from orchestrator.plan import parse_titles
 
     ramble = "Programming Language Fundamentals, " + ", ".join(f"{i}. Cloud Computing" for i in range(1, 40))
-    with pytest.raises(ValueError, match="too long|over 12 words"):
+    with pytest.raises(ValueError, match=r"too long|over 12 words"):
         parse_titles(orjson.dumps({"items": ["Basics", ramble]}).decode(), 2, False)
     got = parse_titles(orjson.dumps({"items": ["Basics", ramble]}).decode(), 2, False, strict=False)
     assert got.items == ("Basics",)  # never sent on as a title, even on the last attempt

@@ -24,7 +24,8 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from pypdf import PdfReader
 
-from orchestrator.engine import process as E
+from orchestrator import engine as E
+from orchestrator.engine.children import group_alive, pid_alive
 
 pytestmark = pytest.mark.real_engine
 
@@ -241,7 +242,7 @@ def test_zz_stop(engine):
     proc = handbook("engine", "stop", timeout=120)
     stop_s = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
-    assert not E._pid_alive(engine.pid) and not E._group_alive(engine.pid)
+    assert not pid_alive(engine.pid) and not group_alive(engine.pid)
     assert E.running_engine_url() is None
     assert handbook("engine", "status").returncode == 1
     engine.figures["stop_s_including_cli"] = round(stop_s, 1)

@@ -136,7 +136,7 @@ def test_fault_suite(tmp_path):
         t_down = time.time()
         doomed.stop()  # card 2 goes away: connections dropped, nothing listens any more
         t_gone = time.time()
-        stdout, stderr = proc.communicate(timeout=240)
+        _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr
     stats = assert_whole_book(out, 96)
     per_card = [poller.last[0], poller.last[1], doomed_poller.last[0]]  # card 2's: its last answer before it died
@@ -188,9 +188,8 @@ def test_fault_suite(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cards():
-    with SimFleet(cards=3) as fleet:
-        yield fleet
+def cards(sim_fleet):
+    return sim_fleet(3)
 
 
 BOOK = ["--parts", "2", "--chapters", "4", "--sections", "12", "--words", "60", "--max-tokens", "120",
@@ -259,7 +258,7 @@ def test_ctrl_c_writes_what_exists_and_resumes(cards, tmp_path):
     at_signal = wait_for_sections(proc, out, 30)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert time.monotonic() - t0 < 10
     assert "Traceback" not in stderr
@@ -295,7 +294,7 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
         time.sleep(0.5)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert time.monotonic() - t0 < 3
     assert "Traceback" not in stderr
@@ -311,7 +310,8 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
 async def _one_request(url: str, **client_kw):
     from orchestrator.client import BackendClient
     from orchestrator.config import Backend
-    from orchestrator.dispatch import Dispatcher, Fleet
+    from orchestrator.dispatch import Dispatcher
+    from orchestrator.fleet import Fleet
 
     events: list = []
     client = BackendClient(Backend(url), "fake-model", **client_kw)

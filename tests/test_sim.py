@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.sim import text as simtext
+from orchestrator.sim.calibrate import simulate_book
 from orchestrator.sim.engine import Engine, EngineConfig, Stream
 from orchestrator.sim.launch import SimFleet
 
@@ -33,11 +34,11 @@ def chat_body(content: str, **kw) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], **kw}
 
 
-async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout: float = 30.0) -> dict:
+async def post(session: aiohttp.ClientSession, url: str, body: dict, limit_s: float = 30.0) -> dict:
     """One chat request; returns status, headers, JSON (non-stream) or parsed SSE events (stream)."""
     async with session.post(url + "/chat/completions", data=orjson.dumps(body),
                             headers={"Content-Type": "application/json"},
-                            timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                            timeout=aiohttp.ClientTimeout(total=limit_s)) as r:
         raw = await r.read()
         out = {"status": r.status, "headers": dict(r.headers), "raw": raw}
         if r.status != 200 or not body.get("stream"):
@@ -65,9 +66,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def one(url: str, body: dict, timeout: float = 30.0) -> dict:
+async def one(url: str, body: dict, limit_s: float = 30.0) -> dict:
     async with aiohttp.ClientSession() as s:
-        return await post(s, url, body, timeout)
+        return await post(s, url, body, limit_s)
 
 
 def metric(fleet: SimFleet, i: int, name: str) -> float:
@@ -82,15 +83,13 @@ def metric(fleet: SimFleet, i: int, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def fleet():
-    with SimFleet(2, time_scale=0.05) as f:
-        yield f
+def fleet(sim_fleet):
+    return sim_fleet(2, time_scale=0.05)
 
 
 @pytest.fixture(scope="module")
-def realtime():
-    with SimFleet(2, time_scale=1.0) as f:
-        yield f
+def realtime(sim_fleet):
+    return sim_fleet(2, time_scale=1.0)
 
 
 # -- API shape -------------------------------------------------------------------------------------------------
@@ -274,9 +273,9 @@ def test_engine_model_rates_at_1_and_64_streams(realtime):
 
     async def go():
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-            tasks = [asyncio.create_task(post(s, realtime.urls[0], body, timeout=120))]
+            tasks = [asyncio.create_task(post(s, realtime.urls[0], body, limit_s=120))]
             tasks += [asyncio.create_task(post(s, realtime.urls[1], {**body, "messages": [
-                {"role": "user", "content": f"Write chapter {i} in about 4000 words."}]}, timeout=120))
+                {"role": "user", "content": f"Write chapter {i} in about 4000 words."}]}, limit_s=120))
                 for i in range(64)]
             loop = asyncio.get_running_loop()
             deadline = time.monotonic() + 20
@@ -348,7 +347,7 @@ def test_fault_knobs_each_observed():
 
                 async def attempt(b):
                     try:
-                        return await post(s, f.urls[0], b, timeout=3.0)
+                        return await post(s, f.urls[0], b, limit_s=3.0)
                     except TimeoutError:
                         return "timeout"
                     except aiohttp.ClientError as e:
@@ -388,18 +387,18 @@ def test_down_after_and_back(tmp_path):
         async def go():
             async with aiohttp.ClientSession() as s:
                 long = chat_body("Write about 2000 words.", max_tokens=3000, stream=True)
-                cut = post(s, f.urls[0], long, timeout=10)
-                ok = post(s, f.urls[1], chat_body("hi", max_tokens=20), timeout=10)
+                cut = post(s, f.urls[0], long, limit_s=10)
+                ok = post(s, f.urls[1], chat_body("hi", max_tokens=20), limit_s=10)
                 res = await asyncio.gather(cut, ok, return_exceptions=True)
                 await asyncio.sleep(0.2)
                 try:
-                    await post(s, f.urls[0], chat_body("hi", max_tokens=5), timeout=2)
+                    await post(s, f.urls[0], chat_body("hi", max_tokens=5), limit_s=2)
                     refused = False
                 except aiohttp.ClientError:
                     refused = True
-                alive = await post(s, f.urls[1], chat_body("hi", max_tokens=5), timeout=5)
+                alive = await post(s, f.urls[1], chat_body("hi", max_tokens=5), limit_s=5)
                 await asyncio.sleep(1.8)
-                back = await post(s, f.urls[0], chat_body("hi", max_tokens=5), timeout=5)
+                back = await post(s, f.urls[0], chat_body("hi", max_tokens=5), limit_s=5)
                 return res, refused, alive, back
 
         (cut, ok), refused, alive, back = run(go())
@@ -473,7 +472,7 @@ def test_tokenize_round_trip():
 
 def test_book_shape_matches_the_reference():
     """The published-take shape (8 x 12 x 16, 250 words, 520 tokens) against the reference run's figures."""
-    r = simtext.simulate_book()
+    r = simulate_book()
     assert r["sections"] == 1536
     assert 1.38 <= r["tokens_per_word"] <= 1.46  # reference 1.42
     assert 275 <= r["mean_words"] <= 300  # reference 288.5

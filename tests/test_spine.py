@@ -34,9 +34,8 @@ def section_headings(md: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def two_cards():
-    with SimFleet(cards=2) as fleet:
-        yield fleet
+def two_cards(sim_fleet):
+    return sim_fleet(2)
 
 
 def test_cli_small_book(two_cards, tmp_path):
@@ -89,12 +88,15 @@ def test_tokens_caps_and_shares(two_cards, tmp_path):
     before = [counter(u) for u in two_cards.urls]
     two_cards.reset_max()  # the module's cards served the previous test with no cap: forget its peak
     cap = 6
+    events = []
     result = generate(
         "A field guide to distributed systems",
         backends=[Backend(u, cap=cap) for u in two_cards.urls],
         settings=Settings(parts=2, chapters=4, sections=12, words=80, max_tokens=160, formats=("md",)),
         out=tmp_path / "o",
+        on_event=events.append,
     )
+    assert not any(type(e).__name__ == "Delta" for e in events)  # no streamed text unless deltas=True
     after = [counter(u) for u in two_cards.urls]
     stats = result.stats
     assert result.complete and stats["sections"] == 96
@@ -134,6 +136,7 @@ def test_library_call_and_strict_order(two_cards, tmp_path):
                           formats=("md",)),
         out=tmp_path / "lib",
         on_event=events.append,
+        deltas=True,
     )
     assert result.complete and result.stats["sections"] == 8
     assert Path(result.paths["md"]).read_text() == result.markdown
@@ -143,4 +146,4 @@ def test_library_call_and_strict_order(two_cards, tmp_path):
     first_section = next(i for i, e in enumerate(events) if type(e).__name__ == "NodeStarted" and e.kind == "section")
     outline_ready = kinds.index("OutlineReady")
     assert outline_ready < first_section
-    assert "Delta" in kinds  # a plain callback sees every event, deltas included
+    assert "Delta" in kinds  # deltas=True: the streamed text too

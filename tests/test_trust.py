@@ -158,9 +158,11 @@ def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tm
 
 
 def test_a_stored_section_answers_only_its_own_title(tmp_path):
-    from orchestrator.client import Reply
     from orchestrator.config import Settings
-    from orchestrator.journal import Journal, Resuming
+    from orchestrator.dispatch import Dispatcher
+    from orchestrator.fleet import Fleet
+    from orchestrator.journal import Journal
+    from orchestrator.reply import Reply
 
     s = Settings(parts=1, chapters=1, sections=2)
     j = Journal.open(tmp_path, "A book", s)
@@ -169,19 +171,23 @@ def test_a_stored_section_answers_only_its_own_title(tmp_path):
     j = Journal.open(tmp_path, "A book", s)
     asked: list[str] = []
 
-    class D:
-        async def run(self, path, kind, title, build, validate=None, priority=(1, 0), **kw):
-            from orchestrator.dispatch import Outcome
+    class Client:
+        url = "u"
 
+        async def send(self, make_body, *, attempt=1, on_delta=None):
+            title = make_body()["title"]
             asked.append(title)
-            return Outcome(Reply(f"New text for {title}.", "stop", 1, 2, "u", 0.0, 0.0, 1.0), None, 1)
+            return [Reply(f"New text for {title}.", "stop", 1, 2, "u", 0.0, 0.0, 1.0)]
 
-    r = Resuming(D(), j)
-    out = anyio.run(lambda: r.run("1.1.1", "section", "New title", lambda c, n: {}))
+    def run(journal):
+        d = Dispatcher(Fleet([Client()], [1], lambda e: None), lambda e: None, 1, False, journal=journal)
+        return anyio.run(lambda: d.run("1.1.1", "section", "New title", lambda c, n: {"title": "New title"}))
+
+    out = run(j)
     assert asked == ["New title"] and out.reply.text == "New text for New title."
     j.close()
     j = Journal.open(tmp_path, "A book", s)  # the next run finds it journaled under the new title
-    out = anyio.run(lambda: Resuming(D(), j).run("1.1.1", "section", "New title", lambda c, n: {}))
+    out = run(j)
     assert asked == ["New title"] and out.attempts == 0 and out.reply.text == "New text for New title."
     j.close()
 
@@ -329,10 +335,12 @@ def test_a_job_whose_model_gives_prose_fences_and_no_book_title_still_makes_its_
 
 
 async def _plan_requests(url: str, replies: list[Answer]):
-    """Two planning requests through the Dispatcher; returns the client's json_schema_ok after each."""
+    """Planning requests through the Dispatcher; returns the client's json_schema_ok after each, and the
+    dispatcher's request count and replies."""
     from orchestrator.client import BackendClient
     from orchestrator.config import Backend
-    from orchestrator.dispatch import Dispatcher, Fleet
+    from orchestrator.dispatch import Dispatcher
+    from orchestrator.fleet import Fleet
     from orchestrator.prompts import list_schema
 
     seen = []
@@ -344,10 +352,10 @@ async def _plan_requests(url: str, replies: list[Answer]):
             for _ in replies:
                 await d.run("1", "part", "P", lambda c, n: c.body(
                     [{"role": "user", "content": 'List 3 chapter titles for part "P".'}], max_tokens=50,
-                    temperature=0, schema=list_schema(3, False) if c.json_schema_ok is not False else None))
+                    temperature=0, schema=list_schema(3, False)))  # the client decides whether to send it
                 seen.append(client.json_schema_ok)
             tg.cancel_scope.cancel()
-    return seen
+    return seen, d.requests, [r for _, r in d.replies]
 
 
 def test_structured_output_is_learnt_only_from_json_and_only_a_format_400_turns_it_off():
@@ -359,13 +367,18 @@ def test_structured_output_is_learnt_only_from_json_and_only_a_format_400_turns_
     ]
     it = iter(replies)
     with ScriptedServer(lambda req: next(it)) as srv:
-        seen = anyio.run(_plan_requests, srv.url, replies)
-    assert seen == [None, None, True]
-    it2 = iter([Answer(status=400, error="response_format json_schema is not supported"), Answer("1. A\n2. B\n3. C")])
+        seen, requests, _ = anyio.run(_plan_requests, srv.url, replies)
+    assert seen == [None, None, True] and requests == 3
+    it2 = iter([Answer(status=400, error="response_format json_schema is not supported"), Answer("1. A\n2. B\n3. C"),
+                Answer("1. D\n2. E\n3. F")])
     with ScriptedServer(lambda req: next(it2)) as srv:
-        seen = anyio.run(_plan_requests, srv.url, [Answer()])
-        assert "response_format" not in srv.requests[-1].body  # asked again in text at once
-    assert seen == [False]
+        seen, requests, got = anyio.run(_plan_requests, srv.url, [Answer(), Answer()])
+        assert "response_format" in srv.requests[0].body
+        # asked again in text at once, and every later request of this client is text
+        assert len(srv.requests) == 3 and not any("response_format" in r.body for r in srv.requests[1:])
+    assert seen == [False, False]
+    # the refused request is a request too: counted and recorded (as an error), before the answer it led to
+    assert requests == 3 and [r.status for r in got][:1] == [400] and [r.ok for r in got] == [False, True, True]
 
 
 # -- 5. a typesetting failure loses nothing ------------------------------------------------------------------------
@@ -487,10 +500,17 @@ def test_credentials_in_a_backend_url_are_sent_but_never_written(tmp_path):
 async def _trip_and_probe(url: str, serving: dict) -> list[bool]:
     from orchestrator.client import BackendClient
     from orchestrator.config import Backend
-    from orchestrator.dispatch import Fleet
+    from orchestrator.events import BackendState
+    from orchestrator.fleet import Fleet
+
+    back = anyio.Event()  # the fleet says when the backend rejoins the rotation
+
+    def on_event(ev) -> None:
+        if isinstance(ev, BackendState) and ev.healthy:
+            back.set()
 
     async with BackendClient(Backend(url), "scripted-model") as client:
-        fleet = Fleet([client], [4], lambda e: None, probe_interval=0.1)
+        fleet = Fleet([client], [4], on_event, probe_interval=0.1)
         async with anyio.create_task_group() as tg:
             await tg.start(fleet.run)
             for _ in range(3):  # three failures in a row take it out of rotation
@@ -501,8 +521,7 @@ async def _trip_and_probe(url: str, serving: dict) -> list[bool]:
             states.append(fleet.loads[0].healthy)
             serving["ok"] = True
             with anyio.move_on_after(5):
-                while not fleet.loads[0].healthy:
-                    await anyio.sleep(0.05)
+                await back.wait()
             states.append(fleet.loads[0].healthy)
             tg.cancel_scope.cancel()
     return states
@@ -601,10 +620,17 @@ def test_the_published_take_preset_keeps_the_reference_settings_on_any_model(tmp
 async def _slow_probe(url: str, dead: str, serving: dict) -> tuple[bool, bool]:
     from orchestrator.client import BackendClient
     from orchestrator.config import Backend
-    from orchestrator.dispatch import Fleet
+    from orchestrator.events import BackendState
+    from orchestrator.fleet import Fleet
+
+    settled = anyio.Event()  # a rejoined the rotation, or the fleet gave up on every backend
+
+    def on_event(ev) -> None:
+        if isinstance(ev, BackendState) and (ev.healthy or ev.url == "*"):
+            settled.set()
 
     async with BackendClient(Backend(url), "scripted-model") as a, BackendClient(Backend(dead), "m") as b:
-        fleet = Fleet([a, b], [4, 4], lambda e: None, probe_interval=0.1, all_down_timeout=0.5)
+        fleet = Fleet([a, b], [4, 4], on_event, probe_interval=0.1, all_down_timeout=0.5)
         async with anyio.create_task_group() as tg:
             await tg.start(fleet.run)
             for c in (a, b):
@@ -613,8 +639,7 @@ async def _slow_probe(url: str, dead: str, serving: dict) -> tuple[bool, bool]:
                                                         temperature=0)))
             serving["ok"] = True  # a now answers, but its completions take 3 s (a busy engine); b stays dead
             with anyio.move_on_after(10):
-                while not fleet.loads[0].healthy and fleet.all_down_error is None:
-                    await anyio.sleep(0.05)
+                await settled.wait()
             tg.cancel_scope.cancel()
     return fleet.loads[0].healthy, fleet.all_down_error is None
 
@@ -633,9 +658,10 @@ def test_a_slow_probe_completion_is_alive_not_down():
 def test_a_journal_written_before_this_version_resumes(tmp_path):
     """Schema 1 (no ``value`` column, no ``committed`` table, temperature 0.0 in its key) is migrated and resumed
     with the default settings."""
-    from orchestrator.client import Reply
     from orchestrator.config import Settings
-    from orchestrator.journal import SCHEMA_VERSION, Journal
+    from orchestrator.journal import Journal
+    from orchestrator.journal_schema import SCHEMA_VERSION
+    from orchestrator.reply import Reply
 
     j = Journal.open(tmp_path, "A book", Settings(parts=1, chapters=1, sections=2))
     j.record("1.1.1", "section", "S1", Reply("Old text.", "stop", 1, 2, "u", 0.0, 0.0, 1.0), 1)

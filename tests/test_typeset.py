@@ -6,6 +6,7 @@ import argparse
 import http.server
 import random
 import re
+import subprocess
 import threading
 from typing import ClassVar
 
@@ -13,11 +14,12 @@ import pypdf
 import pytest
 import weasyprint  # noqa: F401  -- a dependency: missing, these tests fail at import (never skip)
 
+from orchestrator.cli.typeset import add_arguments, run
 from orchestrator.errors import ConfigError
 from orchestrator.resources import bundled_templates
-from orchestrator.typeset.book import TypesetInfo, add_arguments, run, typeset, typeset_to
+from orchestrator.typeset import TypesetInfo, typeset, typeset_to
 from orchestrator.typeset.html import highlight, parse_book, render_inline, render_markdown
-from orchestrator.typeset.pdf import TypesetError, plan_chunks
+from orchestrator.typeset.pdf import WORKER_COMMAND, TypesetError, plan_chunks, worker_env
 
 A5 = (419.5, 595.3)
 _WORDS = ["the", "service", "keeps", "its", "queue", "small", "because", "every", "request", "that", "waits", "costs", "memory", "and", "latency", "while", "the", "cache", "answers", "most", "reads", "so", "the", "database", "sees", "only", "writes", "and", "a", "few", "misses", "which", "we", "measure", "with", "metrics", "that", "alert", "the", "team", "before", "users", "notice"]
@@ -324,7 +326,7 @@ def test_cli_bad_input(tmp_path):
         run(_args(str(book), "--format", "docx"))
     with pytest.raises(ConfigError, match="--templates"):
         run(_args(str(book), "--templates", str(tmp_path / "nope")))
-    with pytest.raises(ConfigError, match=".pdf"):
+    with pytest.raises(ConfigError, match=r"\.pdf"):
         run(_args(str(book), "--out", str(tmp_path / "x.txt")))
 
 
@@ -349,3 +351,27 @@ def test_worker_failure_is_reported(tmp_path):
     with pytest.raises(TypesetError, match="failed"):
         typeset_to("# B\n\n## P\n\ntext\n", pdf_path=tmp_path / "b.pdf", html_path=None, templates=tpl, workers=1)
     assert not (tmp_path / "b.pdf").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The worker process
+
+
+def test_workers_ignore_an_orchestrator_in_the_working_directory(tmp_path, monkeypatch):
+    shadow = tmp_path / "orchestrator"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise SystemExit('a different orchestrator was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    info = typeset("# B\n\n## P\n\n### C\n\n#### S\n\ntext\n", tmp_path / "out", workers=1)
+    assert info.pdf_pages == len(pypdf.PdfReader(str(info.pdf_path)).pages) >= 3
+
+
+def test_the_worker_loads_no_job_machinery(tmp_path):
+    # The worker's own imports, in the interpreter and environment a real worker gets: no terminal UI, HTTP
+    # client or event loop (the package's lazy __init__), and no pypdf (only the parent merges).
+    probe = "import sys, orchestrator.typeset.worker; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([*WORKER_COMMAND[:2], "-c", probe], env=worker_env(), cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert "weasyprint" in out
+    for heavy in ("rich", "aiohttp", "anyio", "openai", "pypdf", "orchestrator.run", "orchestrator.client"):
+        assert heavy not in out

@@ -1,13 +1,17 @@
-"""`handbook bench`: a concurrency ladder against servers, read from their own counters.
+"""The throughput ladder: load the servers at rising stream counts and read what they deliver from their counters.
 
-    handbook bench --backend URL [--backend URL ...] [--streams 1,4,8,16,32,64,128,256] [--window 40]
-                   [--max-tokens 512] [--out DIR] [--model NAME] [--api-key K] [--ramp S] [--config FILE.toml]
-    handbook bench compare A.json B.json
+For each level N, N streaming requests per backend are kept in flight for the whole window (:mod:`.load`); the
+figures come from ``vllm:generation_tokens_total`` (or another server's counter, :mod:`orchestrator.metrics`)
+sampled every 0.5 s. One level (:func:`measure_level`):
 
-For each level N, N streaming requests per backend are kept in flight for the whole window (see
-:mod:`orchestrator.bench.load` for the method); the figures come from ``vllm:generation_tokens_total`` sampled
-every 0.5 s (:mod:`orchestrator.metrics`). Writes ``ladder.json``, ``ladder.csv`` and ``ladder.svg`` into
-``--out`` and prints a table like the reference's Table 1; ``compare`` prints a ratio table like its Table 2.
+1. the load starts on every backend at once;
+2. ramp-up is excluded: the window opens once the level is full *and* at least ``ramp`` seconds have passed since
+   it began; it lasts ``window`` seconds;
+3. the one :class:`~orchestrator.metrics.MetricsSampler` of the bench samples every backend's /metrics on one
+   absolute schedule throughout; the window's figures come from :func:`~orchestrator.metrics.server_counted`
+   (interpolated, summed, best second a simultaneous peak); when no server exposes a counter, from the clients'
+   estimate, labelled ``client-estimate``;
+4. the load is cancelled and the bench waits for the servers to drain before the next level.
 
 ``ladder.json``: ``{"levels": [{"streams", "sustained_tok_s", "best_second_tok_s", "per_stream_tok_s", "step_ms",
 "ttft_median_ms", "running", "waiting", ...}], "fit": {"a_ms", "b_ms", "ceiling_tok_s"} | null, ...}``. Per level,
@@ -25,16 +29,13 @@ are tok/s x X and step ms / X; ``ladder.json`` records the servers' ``time_scale
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import datetime as _dt
 import itertools
-import os
-import sys
+import statistics
 import time
-import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -42,23 +43,15 @@ import anyio
 import orjson
 from rich.console import Console
 
-from ..config import normalise_url
-from ..errors import BackendError, ConfigError, HandbookError
-from ..metrics import MetricsSampler
-from ..osutil import prepare_out_dir, raise_open_file_limit
-from .load import Target, measure_level, wait_drained
-from .report import (
-    chart_svg,
-    compare_table,
-    fit_line,
-    fit_step,
-    ladder_table,
-    stdout_console,
-    write_csv,
-)
+from ..client import auth_header, discover
+from ..config import Backend
+from ..errors import BackendError
+from ..metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
+from .fit import fit_step
+from .load import LoadStats, Target, client_estimate_series, client_for, saturated, stream_worker, wait_full
 
 DEFAULT_STREAMS = (1, 4, 8, 16, 32, 64, 128, 256)
-CONFIG_KEYS = {"backends", "streams", "window", "max_tokens", "out", "model", "ramp", "interval", "label"}
+DISCOVER_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -75,264 +68,33 @@ class BenchSettings:
     label: str | None = None
 
 
-# ---------------------------------------------------------------------------------------------- arguments
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "Throughput ladder against OpenAI-compatible servers, read from their own counters "
-        "(vllm:generation_tokens_total). 'handbook bench compare A.json B.json' compares two ladders."
-    )
-    parser.add_argument(
-        "command",
-        nargs="*",
-        metavar="compare A.json B.json",
-        help="compare two ladder.json files (ratio B / A per stream count)",
-    )
-    parser.add_argument(
-        "--backend",
-        action="append",
-        metavar="URL",
-        help="OpenAI-compatible base URL ending in /v1; repeatable (default: $HANDBOOK_BACKENDS)",
-    )
-    parser.add_argument("--streams", metavar="LIST", help="streams per backend, e.g. 1,4,8,16,32,64,128,256")
-    parser.add_argument("--window", type=float, metavar="S", help="measured seconds per level (default 40)")
-    parser.add_argument("--max-tokens", type=int, metavar="T", help="max_tokens per request (default 512)")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default ./handbook-bench)")
-    parser.add_argument("--model", metavar="NAME", help="default: the first model each backend lists")
-    parser.add_argument("--api-key", metavar="KEY", help='default: $OPENAI_API_KEY, else "EMPTY"')
-    parser.add_argument(
-        "--ramp",
-        type=float,
-        metavar="S",
-        help="seconds excluded at each level's start; the window also waits for every stream's first token "
-        "(default 1)",
-    )
-    parser.add_argument("--interval", type=float, metavar="S", help="/metrics sampling interval (default 0.5)")
-    parser.add_argument("--label", metavar="NAME", help="a name for this ladder (used by compare)")
-    parser.add_argument("--config", metavar="FILE.toml", help="a bench file (see examples/bench_ladder.toml)")
-
-
-def _parse_streams(value: Any) -> tuple[int, ...]:
-    if isinstance(value, str):
-        items: list[Any] = [x.strip() for x in value.split(",") if x.strip()]
-    elif isinstance(value, list | tuple):
-        items = list(value)
-    else:
-        raise ConfigError(f"streams must be a list like 1,4,16,64, got {value!r}")
-    out: list[int] = []
-    for x in items:
-        try:
-            n = int(x) if not isinstance(x, bool) else -1
-            if isinstance(x, float) and not x.is_integer():
-                n = -1
-        except (TypeError, ValueError):
-            n = -1
-        if n < 1:
-            raise ConfigError(f"streams must be whole numbers of at least 1, got {x!r}")
-        out.append(n)
-    if not out:
-        raise ConfigError("streams is empty")
-    return tuple(dict.fromkeys(out))
-
-
-def _load_config(path: str) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read bench file {p}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"invalid TOML in {p}: {e}") from None
-    unknown = sorted(set(data) - CONFIG_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r} in {p}; known keys: {', '.join(sorted(CONFIG_KEYS))}")
-    return data
-
-
-def settings_from_args(args: argparse.Namespace) -> BenchSettings:
-    """Merge the bench file (if any), the flags and the environment; every problem is a ConfigError."""
-    values: dict[str, Any] = _load_config(args.config) if getattr(args, "config", None) else {}
-    for name in ("window", "max_tokens", "out", "model", "ramp", "interval", "label", "streams"):
-        v = getattr(args, name, None)
-        if v is not None:
-            values[name] = v
-    backends: list[str] = []
-    if getattr(args, "backend", None):
-        for b in args.backend:
-            backends += [x.strip() for x in b.split(",") if x.strip()]
-    elif values.get("backends"):
-        raw = values["backends"]
-        if isinstance(raw, str):
-            raw = [raw]
-        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-            raise ConfigError("backends must be a list of URLs")
-        backends = list(raw)
-    else:
-        backends = [x.strip() for x in os.environ.get("HANDBOOK_BACKENDS", "").split(",") if x.strip()]
-    if not backends:
-        raise ConfigError(
-            "no backend: pass --backend URL (an OpenAI-compatible base URL ending in /v1), "
-            "set $HANDBOOK_BACKENDS, or start one with 'handbook sim'"
-        )
-    urls = tuple(dict.fromkeys(normalise_url(b) for b in backends))
-
-    def number(name: str, default: float, *, minimum: float, strict: bool) -> float:
-        v = values.get(name, default)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(f"{name} must be a number, got {v!r}")
-        if v < minimum or (strict and v == minimum):
-            raise ConfigError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
-        return float(v)
-
-    max_tokens = values.get("max_tokens", 512)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
-    api_key = getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-    out = values.get("out", "handbook-bench")
-    if not isinstance(out, str) or not out.strip():
-        raise ConfigError(f"out must be a directory path, got {out!r}")
-    model = values.get("model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ConfigError(f"model must be a name, got {model!r}")
-    label = values.get("label")
-    return BenchSettings(
-        backends=urls,
-        streams=_parse_streams(values.get("streams", DEFAULT_STREAMS)),
-        window=number("window", 40.0, minimum=0, strict=True),
-        max_tokens=max_tokens,
-        out=out,
-        model=model,
-        api_key=api_key,
-        ramp=number("ramp", 1.0, minimum=0, strict=False),
-        interval=number("interval", 0.5, minimum=0, strict=True),
-        label=str(label) if label is not None else None,
-    )
-
-
-# ------------------------------------------------------------------------------------------------- running
-
-
-def run(args: argparse.Namespace) -> int:
-    words = list(getattr(args, "command", None) or [])
-    if words:
-        if words[0] != "compare":
-            raise ConfigError(f"unknown bench command {words[0]!r}; did you mean 'handbook bench compare A B'?")
-        if len(words) != 3:
-            raise ConfigError("usage: handbook bench compare A.json B.json")
-        return compare(words[1], words[2])
-    settings = settings_from_args(args)
-    out = prepare_out_dir(settings.out)
-    _raise_open_file_limit(max(settings.streams) * len(settings.backends) + 4 * len(settings.backends) + 64)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    ladder = anyio.run(_run_unwrapped, settings, err, lambda partial: write_outputs(partial, out))
-    write_outputs(ladder, out)
-    console = stdout_console()
-    console.print(ladder_table(ladder))
-    console.print(fit_line(ladder["fit"]))
-    _print_time_scale_note(ladder, err)
-    err.print(f"wrote {out / 'ladder.json'}, {out / 'ladder.csv'}, {out / 'ladder.svg'}")
-    return 0
-
-
-def write_outputs(ladder: dict[str, Any], out: Path) -> None:
-    (out / "ladder.json").write_bytes(orjson.dumps(ladder, option=orjson.OPT_INDENT_2) + b"\n")
-    write_csv(out / "ladder.csv", ladder["levels"])
-    (out / "ladder.svg").write_text(chart_svg(ladder), encoding="utf-8")
-
-
-def _raise_open_file_limit(needed: int) -> None:
-    if raise_open_file_limit(needed) < needed:
-        raise ConfigError(
-            f"the ladder needs about {needed} open files but the limit cannot be raised that far; "
-            "lower --streams or raise the limit (ulimit -Hn)"
-        )
-
-
-def _print_time_scale_note(ladder: dict[str, Any], console: Console) -> None:
-    ts = ladder.get("time_scale")
-    if isinstance(ts, int | float) and ts != 1:
-        console.print(
-            f"note: the servers are simulated at time scale {ts:g}; figures are wall-clock. "
-            f"In model time: tok/s x {ts:g}, step ms / {ts:g}."
-        )
-
-
-def _first_handbook_error(exc: BaseException) -> BaseException:
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            found = _first_handbook_error(sub)
-            if isinstance(found, HandbookError | KeyboardInterrupt):
-                return found
-    return exc
-
-
-async def _run_unwrapped(
-    settings: BenchSettings, console: Console, on_level: Callable[[dict[str, Any]], None]
-) -> dict[str, Any]:
-    try:
-        return await run_ladder(settings, console, on_level)
-    except BaseExceptionGroup as eg:
-        found = _first_handbook_error(eg)
-        if found is not eg:
-            raise found from None
-        raise
-
-
-async def _get_json(session: aiohttp.ClientSession, url: str, api_key: str) -> Any:
-    async with session.get(url, headers={"Authorization": f"Bearer {api_key}"}) as resp:
-        if resp.status != 200:
-            raise _HTTPStatus(resp.status)
-        return orjson.loads(await resp.read())
-
-
-class _HTTPStatus(Exception):
-    def __init__(self, status: int):
-        super().__init__(f"HTTP {status}")
-        self.status = status
-
-
-async def discover(settings: BenchSettings) -> tuple[list[Target], Any]:
-    """Check every backend answers /v1/models; pick each one's model; read the simulator's time scale."""
+async def find_targets(settings: BenchSettings) -> tuple[list[Target], Any]:
+    """Check every backend answers /v1/models and pick its model (the job's own discovery); read the simulator's
+    time scale where a server is one: a float when every server reports the same, else url -> scale."""
+    backends = [Backend(url, api_key=settings.api_key) for url in settings.backends]
     targets: dict[str, Target] = {}
     scales: dict[str, float] = {}
-    timeout = aiohttp.ClientTimeout(total=15)
 
-    async def one(session: aiohttp.ClientSession, url: str) -> None:
-        try:
-            data = await _get_json(session, url + "/models", settings.api_key)
-        except _HTTPStatus as e:
-            raise BackendError(f"backend {url} answered /models with HTTP {e.status}") from None
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            reason = " ".join(str(e).split()) or type(e).__name__
-            raise BackendError(f"backend {url} is unreachable: {reason}") from None
-        except ValueError:
-            raise BackendError(f"backend {url} answered /models with something that is not JSON") from None
-        model = settings.model
-        if model is None:
-            ids = [m.get("id") for m in (data.get("data") or []) if isinstance(m, dict)] if isinstance(
-                data, dict
-            ) else []
-            ids = [i for i in ids if isinstance(i, str) and i]
-            if not ids:
-                raise BackendError(f"backend {url} lists no model at /models; pass --model NAME")
-            model = ids[0]
-        targets[url] = Target(url=url, model=model, api_key=settings.api_key)
-        try:  # the simulator's time scale, when the server is one
-            stats = await _get_json(session, url.removesuffix("/v1") + "/sim/stats", settings.api_key)
+    async def one(session: aiohttp.ClientSession, backend: Backend) -> None:
+        model = await discover(backend, settings.api_key, settings.model, timeout_s=DISCOVER_TIMEOUT_S)
+        targets[backend.url] = Target(backend, model)
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            url = backend.url.removesuffix("/v1") + "/sim/stats"
+            headers = {"Authorization": auth_header(backend, settings.api_key)}
+            async with session.get(url, headers=headers) as resp:
+                stats = orjson.loads(await resp.read()) if resp.status == 200 else None
             if isinstance(stats, dict) and isinstance(stats.get("time_scale"), int | float):
-                scales[url] = float(stats["time_scale"])
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, _HTTPStatus):
-            pass
+                scales[backend.url] = float(stats["time_scale"])
 
+    timeout = aiohttp.ClientTimeout(total=DISCOVER_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session, anyio.create_task_group() as tg:
-        for url in settings.backends:
-            tg.start_soon(one, session, url)
+        for backend in backends:
+            tg.start_soon(one, session, backend)
     time_scale: Any = None
     if scales:
         vals = sorted(set(scales.values()))
-        time_scale = vals[0] if len(vals) == 1 and len(scales) == len(settings.backends) else scales
-    return [targets[u] for u in settings.backends], time_scale
+        time_scale = vals[0] if len(vals) == 1 and len(scales) == len(backends) else scales
+    return [targets[b.url] for b in backends], time_scale
 
 
 async def run_ladder(
@@ -346,7 +108,7 @@ async def run_ladder(
     bench keeps the levels it finished).
     """
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
-    targets, time_scale = await discover(settings)
+    targets, time_scale = await find_targets(settings)
     urls = [t.url for t in targets]
     models = sorted({t.model for t in targets})
     sampler = MetricsSampler(urls, interval=settings.interval)
@@ -356,8 +118,7 @@ async def run_ladder(
     async with anyio.create_task_group() as tg:
         tg.start_soon(sampler.run)
         with anyio.move_on_after(10):
-            while sampler.rounds == 0:
-                await anyio.sleep(0.02)
+            await sampler.next_round()
         if not any(p[1] is not None for s in sampler.series.values() for p in s):
             console.print(
                 "[yellow]warning:[/] no server exposes vllm:generation_tokens_total at /metrics; "
@@ -411,69 +172,139 @@ def _ladder(
         "max_tokens": settings.max_tokens,
         "interval_s": settings.interval,
         "time_scale": time_scale,
-        "metric": "vllm:generation_tokens_total",
+        "metric": GENERATION_METRIC,
         "levels": list(levels),
         "fit": fit_step(levels),
     }
 
 
-# ------------------------------------------------------------------------------------------------- compare
-
-
-def load_ladder(path: str) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        data = orjson.loads(p.read_bytes())
-    except OSError as e:
-        raise ConfigError(f"cannot read {p}: {e.strerror or e}") from None
-    except orjson.JSONDecodeError:
-        raise ConfigError(f"{p} is not JSON (expected a ladder.json written by 'handbook bench')") from None
-    levels = data.get("levels") if isinstance(data, dict) else None
-    if not isinstance(levels, list) or not all(
-        isinstance(lv, dict) and isinstance(lv.get("streams"), int) and "sustained_tok_s" in lv for lv in levels
-    ):
-        raise ConfigError(f"{p} is not a ladder.json: it needs 'levels' with 'streams' and 'sustained_tok_s'")
-    return data
-
-
-def _label(data: dict[str, Any], path: str, other: str) -> str:
-    if data.get("label"):
-        return str(data["label"])
-    p, q = Path(path), Path(other)
-    if p.stem != q.stem:
-        return p.stem
-    return p.parent.name or p.stem
-
-
-def compare(path_a: str, path_b: str, console: Console | None = None) -> int:
-    """Print B against A (ratio B / A) at every stream count both ladders measured."""
-    a, b = load_ladder(path_a), load_ladder(path_b)
-    la, lb = _label(a, path_a, path_b), _label(b, path_b, path_a)
-    if la == lb:
-        la, lb = f"A ({la})", f"B ({lb})"
-    if not {lv["streams"] for lv in a["levels"]} & {lv["streams"] for lv in b["levels"]}:
-        raise ConfigError(f"{path_a} and {path_b} share no stream count; nothing to compare")
-    console = console or stdout_console()
-    console.print(compare_table(a, b, la, lb))
-    for label, data in ((la, a), (lb, b)):
-        fit = data.get("fit")
-        if fit and fit.get("b_ms"):
-            ceiling = f"{fit['ceiling_tok_s']:,.0f}" if fit.get("ceiling_tok_s") else "-"
-            console.print(
-                f"{label}: step = {fit['a_ms']:.2f} ms + {fit['b_ms']:.4f} ms x N, ceiling {ceiling} tok/s"
+async def measure_level(
+    *,
+    targets: Sequence[Target],
+    streams: int,
+    window: float,
+    ramp: float,
+    max_tokens: int,
+    sampler: MetricsSampler,
+    numbers: itertools.count,
+    ramp_timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Run one level and return its figures (the ``ladder.json`` level keys plus a few extra ones)."""
+    k = len(targets)
+    stats = LoadStats(streams * k)
+    # one client per backend per level: leaving the level closes its connections, and the servers abort
+    async with contextlib.AsyncExitStack() as clients, anyio.create_task_group() as tg:
+        t_level = time.monotonic()
+        for bi, target in enumerate(targets):
+            client = await clients.enter_async_context(client_for(target, window))
+            tg.start_soon(client.watchdog)
+            for si in range(streams):
+                tg.start_soon(stream_worker, client, numbers, max_tokens, (bi, si), stats)
+        with anyio.move_on_after(ramp_timeout):
+            await wait_full(stats, sampler, targets, streams, t_level)
+        if not (stats.all_first or saturated(stats, sampler, targets, streams, t_level)):
+            tg.cancel_scope.cancel()
+            raise BackendError(
+                f"at {streams} streams per backend only {len(stats.first_seen)} of {streams * k} streams "
+                f"got a first token within {ramp_timeout:.0f} s"
+                + (f" (last error: {stats.last_error})" if stats.last_error else "")
             )
-    return 0
+        t0 = max(time.monotonic(), t_level + ramp)
+        await anyio.sleep(t0 - time.monotonic() + window)
+        t1 = time.monotonic()
+        # the window's end must be bracketed by a sample of every server before the load stops
+        await sample_after(sampler, [x.url for x in targets], t1)
+        tg.cancel_scope.cancel()
+    return _level(stats, sampler, targets, streams, t0, t1)
 
 
-def main(argv: list[str] | None = None) -> int:  # python -m orchestrator.bench (the CLI normally dispatches)
-    parser = argparse.ArgumentParser(prog="handbook bench")
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except HandbookError as e:
-        print(f"handbook: error: {e}", file=sys.stderr)
-        return e.exit_code
+def _level(
+    stats: LoadStats, sampler: MetricsSampler, targets: Sequence[Target], streams: int, t0: float, t1: float
+) -> dict[str, Any]:
+    """The figures of one level measured over the window [t0, t1]."""
+    k = len(targets)
+    # each server's own counter name (vLLM, SGLang, llama.cpp, TGI), as the sampler found it
+    names = {u: m for u, m in sampler.metric.items() if m}
+    figures = server_counted(sampler.series, t0, t1, names or GENERATION_METRIC)
+    if figures is None:
+        figures = server_counted(client_estimate_series(stats), t0, t1, "client-estimate")
+    if figures is None:
+        raise BackendError(
+            f"no tokens measured at {streams} streams per backend"
+            + (f" (last error: {stats.last_error})" if stats.last_error else "")
+        )
+    sustained = figures["sustained_tok_s"]
+    best = figures["best_second_tok_s"]
+    running: float | None = None
+    waiting: float | None = None
+    per_backend: list[dict[str, Any]] = []
+    for target in targets:
+        points = sampler.series.get(target.url, [])
+        r = _median_gauge(points, t0, t1, 2)
+        w = _median_gauge(points, t0, t1, 3)
+        if r is not None:
+            running = (running or 0.0) + r
+        if w is not None:
+            waiting = (waiting or 0.0) + w
+        own = server_counted({target.url: points}, t0, t1) if k > 1 else None
+        per_backend.append(
+            {
+                "url": target.url,
+                "sustained_tok_s": round(own["sustained_tok_s"], 1) if own else None,
+                "best_second_tok_s": round(own["best_second_tok_s"], 1) if own else None,
+                "running": r,
+                "waiting": w,
+            }
+        )
+    ttfts = [ttft for t_send, ttft in stats.ttft_s if t_send <= t1]
+    per_stream = sustained / (streams * k) if sustained > 0 else 0.0
+    return {
+        "streams": streams,
+        "sustained_tok_s": round(sustained, 1),
+        "best_second_tok_s": round(best, 1),
+        "per_stream_tok_s": round(per_stream, 2),
+        "step_ms": round(1000.0 / per_stream, 3) if per_stream > 0 else None,
+        "ttft_median_ms": round(1000.0 * statistics.median(ttfts), 1) if ttfts else None,
+        "running": running,
+        "waiting": waiting,
+        "held": not (waiting is not None and waiting > 0),
+        "window_s": round(t1 - t0, 3),
+        "requests_completed": stats.completed,
+        "request_errors": stats.errors,
+        "metric": figures["metric"],
+        "per_backend": per_backend if k > 1 else None,
+    }
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _median_gauge(points: Sequence[Point], t0: float, t1: float, index: int) -> float | None:
+    vals = [v for p in points if t0 <= p[0] <= t1 and (v := p[index]) is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
+async def sample_after(sampler: MetricsSampler, urls: Sequence[str], t: float, limit: float = 5.0) -> None:
+    """Wait (bounded) until every server that has ever answered a scrape has a sample later than ``t``."""
+    with anyio.move_on_after(limit):
+        while not all(not sampler.series.get(u) or sampler.series[u][-1][0] > t for u in urls):
+            await sampler.next_round()
+
+
+async def wait_drained(sampler: MetricsSampler, urls: Sequence[str], limit: float = 60.0) -> bool:
+    """Wait until every server's gauges say nothing runs or waits (servers without gauges: a short pause)."""
+    with anyio.move_on_after(limit):
+        while True:
+            latest = await sampler.next_round()
+            busy = False
+            known = False
+            for url in urls:
+                pb = latest.per_backend.get(url) or {}
+                r, w = pb.get("running"), pb.get("waiting")
+                if r is not None or w is not None:
+                    known = True
+                    if (r or 0) > 0 or (w or 0) > 0:
+                        busy = True
+            if not known:
+                await anyio.sleep(1.0)
+                return True
+            if not busy:
+                return True
+    return False

@@ -1,4 +1,4 @@
-"""The bench's outputs: the fit, the rich tables (reference Tables 1 and 2), ladder.json/.csv and an SVG chart.
+"""The bench's outputs: the rich tables (reference Tables 1 and 2), ladder.json/.csv and an SVG chart.
 
 Everything here is pure (values in, text or files out); the SVG is written directly, no plotting library.
 """
@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+import orjson
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from .fit import predicted_total
 
 LEVEL_KEYS = (
     "streams",
@@ -27,32 +30,6 @@ LEVEL_KEYS = (
     "running",
     "waiting",
 )
-
-
-def fit_step(levels: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """Least squares ``step_ms = a + b * N`` over the levels the servers held (waiting == 0).
-
-    ``step_ms`` is per server and per stream (1000 * N / per-server sustained), so ``1000 / b`` is the implied
-    per-server ceiling in tok/s. None with fewer than two distinct held levels or a non-positive slope's ceiling.
-    """
-    pts = [
-        (float(lv["streams"]), float(lv["step_ms"]))
-        for lv in levels
-        if lv.get("step_ms") is not None and lv.get("held", True)
-    ]
-    if len({x for x, _ in pts}) < 2:
-        return None
-    n = len(pts)
-    mx = sum(x for x, _ in pts) / n
-    my = sum(y for _, y in pts) / n
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
-    a = my - b * mx
-    return {
-        "a_ms": round(a, 4),
-        "b_ms": round(b, 5),
-        "ceiling_tok_s": round(1000.0 / b, 1) if b > 0 else None,
-    }
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
@@ -113,17 +90,6 @@ def _odd_metric(lv: dict[str, Any]) -> bool:
     return bool(lv.get("metric")) and lv["metric"] != "vllm:generation_tokens_total"
 
 
-def fit_line(fit: dict[str, Any] | None) -> str:
-    """The fit as one sentence, printed under the ladder table."""
-    if not fit:
-        return "fit: needs two or more levels the servers held"
-    ceiling = f"{fit['ceiling_tok_s']:,.0f} tok/s" if fit.get("ceiling_tok_s") else "none (slope <= 0)"
-    return (
-        f"fit over held levels: step = {fit['a_ms']:.2f} ms + {fit['b_ms']:.4f} ms x N;"
-        f" implied ceiling per server 1000/b = {ceiling}"
-    )
-
-
 def compare_table(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -> Table:
     """Reference Table 2: B against A at every stream count both measured (ratio = B / A)."""
     by_a = {lv["streams"]: lv for lv in a["levels"]}
@@ -155,24 +121,11 @@ def compare_table(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: s
     return t
 
 
-def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ratio table as values: streams, a_tok_s, b_tok_s, ratio (B / A), for stream counts in both."""
-    by_a = {lv["streams"]: lv for lv in a["levels"]}
-    rows = []
-    for lv in b["levels"]:
-        base = by_a.get(lv["streams"])
-        if base is None:
-            continue
-        ra, rb = base.get("sustained_tok_s"), lv.get("sustained_tok_s")
-        rows.append(
-            {
-                "streams": lv["streams"],
-                "a_tok_s": ra,
-                "b_tok_s": rb,
-                "ratio": round(rb / ra, 3) if ra and rb is not None else None,
-            }
-        )
-    return rows
+def write_outputs(ladder: dict[str, Any], out: Path) -> None:
+    """``ladder.json``, ``ladder.csv`` and ``ladder.svg`` into ``out``."""
+    (out / "ladder.json").write_bytes(orjson.dumps(ladder, option=orjson.OPT_INDENT_2) + b"\n")
+    write_csv(out / "ladder.csv", ladder["levels"])
+    (out / "ladder.svg").write_text(chart_svg(ladder), encoding="utf-8")
 
 
 def write_csv(path: Path, levels: Sequence[dict[str, Any]]) -> None:
@@ -209,20 +162,13 @@ def chart_svg(ladder: dict[str, Any]) -> str:
     if lx_max - lx_min < 1e-9:
         lx_min, lx_max = lx_min - 1, lx_max + 1
     fit = ladder.get("fit")
-
-    def pred_total(n: float) -> float | None:
-        if not fit:
-            return None
-        step = fit["a_ms"] + fit["b_ms"] * n
-        return k * 1000.0 * n / step if step > 0 else None
-
     ceiling = k * fit["ceiling_tok_s"] if fit and fit.get("ceiling_tok_s") else None
     tot_max = _nice_max(
         max(
             [ceiling or 0]
             + [lv["sustained_tok_s"] for lv in levels]
             + [lv.get("best_second_tok_s") or 0 for lv in levels]
-            + [pred_total(x) or 0 for x in xs]
+            + [predicted_total(fit, x, k) or 0 for x in xs]
             + [1.0]
         )
     )
@@ -285,7 +231,7 @@ def chart_svg(ladder: dict[str, Any]) -> str:
         steps = 64
         for i in range(steps + 1):
             n = 2 ** (lx_min + (lx_max - lx_min) * i / steps)
-            p = pred_total(n)
+            p = predicted_total(fit, n, k)
             if p is not None:
                 pts.append(f"{X(n):.1f},{YL(p):.1f}")
         if pts:

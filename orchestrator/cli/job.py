@@ -11,11 +11,11 @@ from typing import Any
 import anyio
 
 from ..config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
+from ..engine import LOCAL_DEFAULT_SHAPE
 from ..errors import TYPESET_FAILED_EXIT, ConfigError
 from ..profiles import PLANNING_STYLES, PROFILE_NAMES
 
 SHAPE = ("parts", "chapters", "sections")
-LOCAL_DEFAULT_SHAPE = {"parts": 3, "chapters": 3, "sections": 4}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -255,8 +255,8 @@ async def _run_with_displays(prompt, backends, settings, out, args, done: dict[s
             )
             print(f"handbook: live feed at {feed.url}", file=sys.stderr, flush=True)
             consumers.append(feed)
-        result = await agenerate(prompt, backends, settings, out, on_event=consumers or None, fresh=args.fresh,
-                                 handle_sigint=True)
+        result = await agenerate(prompt, backends, settings, out, on_event=consumers or None,
+                                 deltas=feed is not None, fresh=args.fresh, handle_sigint=True)
         if consumers and not args.quiet:
             consumers[0].stop()
         done["code"] = report(result)

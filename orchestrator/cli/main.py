@@ -13,9 +13,9 @@ from ..errors import HandbookError, unwrap
 
 SUBCOMMANDS = {
     "sim": ("orchestrator.cli.sim", "start N simulated GPU servers (vLLM-like) on 127.0.0.1"),
-    "bench": ("orchestrator.bench.ladder", "throughput ladder against servers, read from their counters"),
-    "typeset": ("orchestrator.typeset.book", "typeset existing Markdown into an A5 PDF"),
-    "engine": ("orchestrator.engine.process", "start, stop or inspect the embedded local engine"),
+    "bench": ("orchestrator.cli.bench", "throughput ladder against servers, read from their counters"),
+    "typeset": ("orchestrator.cli.typeset", "typeset existing Markdown into an A5 PDF"),
+    "engine": ("orchestrator.cli.engine", "start, stop or inspect the embedded local engine"),
 }
 
 

@@ -231,7 +231,8 @@ def _run_multi(cfg: SimConfig, cards: int, port: int, procs: int) -> int:
         while pending and not stopping["flag"]:
             if time.monotonic() > deadline:
                 raise ConfigError("simulated cards did not start within 60 s")
-            for conn in multiprocessing.connection.wait(list(pending), timeout=0.2):
+            answered = multiprocessing.connection.wait(list(pending), timeout=0.2)
+            for conn in [c for c in pending if c in answered]:
                 try:
                     kind, payload = conn.recv()
                 except EOFError:

@@ -1,13 +1,20 @@
-"""Planning: the outline, level by level, one request per node."""
+"""Planning: the outline, level by level, one request per node.
 
-from .planner import (
-    Planner,
-    TitleStream,
-    book_title_from_prompt,
-    extract_titles,
-    norm,
-    parse_titles,
-    weak_title,
-)
+titles.py parses a reply (pure), stream.py follows a reply while it streams and starts children from it,
+planner.py asks for every node through the Dispatcher.
+"""
 
-__all__ = ["Planner", "TitleStream", "book_title_from_prompt", "extract_titles", "norm", "parse_titles", "weak_title"]
+from .planner import Planner, SectionCallback
+from .stream import TitleStream
+from .titles import Titles, book_title_from_prompt, extract_titles, parse_titles, weak_title
+
+__all__ = [
+    "Planner",
+    "SectionCallback",
+    "TitleStream",
+    "Titles",
+    "book_title_from_prompt",
+    "extract_titles",
+    "parse_titles",
+    "weak_title",
+]

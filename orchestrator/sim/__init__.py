@@ -1,8 +1,12 @@
 """The vLLM-like simulator: one OpenAI-compatible HTTP server per simulated GPU card.
 
 * :mod:`orchestrator.sim.engine` - the engine model (continuous batching, linear step cost, KV limit);
-* :mod:`orchestrator.sim.text` - deterministic answers (title lists, JSON, Markdown prose) and tokenisation;
-* :mod:`orchestrator.sim.server` - the aiohttp app of one card, with fault injection;
+* :mod:`orchestrator.sim.text` - deterministic answers (title lists, JSON, Markdown prose) and tokenisation,
+  built by :mod:`~orchestrator.sim.titles` and :mod:`~orchestrator.sim.prose` from the word banks of
+  :mod:`~orchestrator.sim.words` (``words.toml``) about the :mod:`~orchestrator.sim.context` of the prompt;
+  :mod:`~orchestrator.sim.calibrate` measures a whole simulated book;
+* :mod:`orchestrator.sim.server` - the aiohttp app of one card, with :mod:`~orchestrator.sim.faults` (fault
+  injection) and :mod:`~orchestrator.sim.metrics` (``/metrics``);
 * :mod:`orchestrator.cli.sim` - ``handbook sim``;
 * :mod:`orchestrator.sim.launch` - :class:`SimFleet`, for tests and benchmarks.
 """

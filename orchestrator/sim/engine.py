@@ -19,6 +19,7 @@ import contextlib
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
@@ -83,7 +84,7 @@ class Stream:
         # Called synchronously by the engine whenever ``count`` advances (or the stream finishes), instead of
         # waking the waiter: the server writes the chunk straight to the socket. It must not call back into
         # the engine; it may wake the waiter.
-        self.sink = None
+        self.sink: Callable[[Stream], None] | None = None
 
     def _wake(self) -> None:
         w = self.waiter
@@ -248,9 +249,9 @@ class Engine:
             self.busy_s += dur
             self._complete_step()
 
-    def _call_sink(self, s: Stream) -> None:
+    def _call_sink(self, s: Stream, sink: Callable[[Stream], None]) -> None:
         try:
-            s.sink(s)
+            sink(s)
         except Exception:
             s.sink = None
             s.cancelled = True
@@ -279,7 +280,7 @@ class Engine:
                     s.t_first = now
                     self._observe_ttft(now - s.t_arrival)
                 if s.sink is not None:
-                    self._call_sink(s)
+                    self._call_sink(s, s.sink)
                 s._wake()
         for s in self.buckets[k % len(self.buckets)]:
             s.count = k - s.admit + 1
@@ -289,7 +290,7 @@ class Engine:
                 s.t_first = now
                 self._observe_ttft(now - s.t_arrival)
             if s.sink is not None:
-                self._call_sink(s)
+                self._call_sink(s, s.sink)
             else:
                 w = s.waiter
                 if w is not None and not w.done():

@@ -15,7 +15,6 @@ import atexit
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,20 +26,10 @@ from typing import Any
 
 import orjson
 
+from ..osutil import port_free
+
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 _LIVE: set[SimFleet] = set()
-
-
-def _port_run_free(base: int, n: int) -> bool:
-    for p in range(base, base + n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind(("127.0.0.1", p))
-        except OSError:
-            return False
-        finally:
-            s.close()
-    return True
 
 
 def find_free_ports(n: int, rng: random.Random | None = None) -> int:
@@ -48,7 +37,7 @@ def find_free_ports(n: int, rng: random.Random | None = None) -> int:
     rng = rng or random.Random()
     for _ in range(200):
         base = rng.randrange(20000, 60000 - n)
-        if _port_run_free(base, n):
+        if all(port_free(p) for p in range(base, base + n)):
             return base
     raise RuntimeError(f"no run of {n} free consecutive ports found on 127.0.0.1")
 

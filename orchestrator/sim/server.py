@@ -1,11 +1,11 @@
 """One simulated card: an aiohttp server speaking the OpenAI API (as vLLM does) over one :class:`Engine`.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (streaming or not), ``GET /metrics`` (Prometheus
-text with vLLM's metric names), ``GET /health``, ``GET /sim/stats`` and ``POST /sim/reset_max``.
+text with vLLM's metric names, :mod:`.metrics`), ``GET /health``, ``GET /sim/stats`` and ``POST /sim/reset_max``.
 
 Per-chunk cost is kept low: chunk JSON is assembled from pre-serialised bytes around ``orjson.dumps(content)``
-and written straight to the response. Fault injection (500, 429, empty answers, cut streams, hangs, going down)
-is decided per request from a seeded generator.
+and written straight to the response. Faults (500, 429, empty answers, cut streams, hangs) are drawn per request
+by :mod:`.faults`; going down and coming back up is a timer here.
 """
 
 from __future__ import annotations
@@ -13,20 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from . import text as simtext
-from .engine import TTFT_BUCKETS, Engine, EngineConfig, Stream
+from .engine import Engine, EngineConfig, Stream
+from .faults import Faults
+from .metrics import CardMetrics
 
-FAULT_KINDS = ("fail", "rate_limit", "empty", "drop", "hang")
+__all__ = ["Card", "SimConfig"]
 
 
 @dataclass(frozen=True)
@@ -63,52 +62,6 @@ def _noop(_s: Stream) -> None:
     return None
 
 
-class _Collector:
-    """Reads the card's plain integers at scrape time: nothing on the hot path touches prometheus_client."""
-
-    def __init__(self, card: Card):
-        self.card = card
-
-    def collect(self):
-        c = self.card
-        e = c.engine
-        labels = ["model_name"]
-        val = [c.cfg.model]
-        g = CounterMetricFamily("vllm:generation_tokens", "Number of generation tokens processed.", labels=labels)
-        g.add_metric(val, float(e.generation_tokens))
-        yield g
-        p = CounterMetricFamily("vllm:prompt_tokens", "Number of prefill tokens processed.", labels=labels)
-        p.add_metric(val, float(e.prompt_tokens))
-        yield p
-        r = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches.",
-                              labels=labels)
-        r.add_metric(val, float(e.running))
-        yield r
-        w = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                              labels=labels)
-        w.add_metric(val, float(e.num_waiting))
-        yield w
-        kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                               labels=labels)
-        kv.add_metric(val, e.kv_used / e.cfg.kv_tokens if e.cfg.kv_tokens else 0.0)
-        yield kv
-        s = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                labels=["model_name", "finished_reason"])
-        s.add_metric([c.cfg.model, "stop"], float(c.finished["stop"]))
-        s.add_metric([c.cfg.model, "length"], float(c.finished["length"]))
-        yield s
-        h = HistogramMetricFamily("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                                  labels=labels)
-        acc = 0
-        buckets = []
-        for b, n in zip(TTFT_BUCKETS, e.ttft_counts):
-            acc += n
-            buckets.append((repr(float(b)), float(acc)))
-        buckets.append(("+Inf", float(e.ttft_n)))
-        h.add_metric(val, buckets, e.ttft_sum)
-        yield h
-
-
 class Card:
     """One simulated GPU server on ``host:port``."""
 
@@ -118,16 +71,13 @@ class Card:
         self.host = host
         self.cfg = cfg
         self.engine = Engine(cfg.engine)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self))
-        base = cfg.fault_seed if cfg.fault_seed is not None else random.SystemRandom().randrange(2**62)
-        self._fault_rng = random.Random(base * 1_000_003 + index)
+        self._metrics = CardMetrics(self)
+        self.faults = Faults(cfg.fault_rates(), cfg.fault_seed, index)
         self._model_json = orjson.dumps(cfg.model)
         self.requests = 0
         self.completed = 0
         self.in_flight = 0
         self.max_in_flight = 0
-        self.faults = dict.fromkeys(FAULT_KINDS, 0)
         self.finished = {"stop": 0, "length": 0}
         self.completion_tokens = 0  # as reported in usage of completed requests
         self.down = False
@@ -163,7 +113,7 @@ class Card:
         self._t0 = time.monotonic()
         cfg = self.cfg
         if cfg.down_after is not None and (cfg.down_cards is None or self.index in cfg.down_cards):
-            self._timers.append(asyncio.get_running_loop().create_task(self._down_timer()))
+            self._timers.append(asyncio.get_running_loop().create_task(self._down_timer(cfg.down_after)))
         return self.url
 
     async def _listen(self) -> None:
@@ -180,9 +130,9 @@ class Card:
             with contextlib.suppress(Exception):
                 await self._runner.cleanup()
 
-    async def _down_timer(self) -> None:
+    async def _down_timer(self, after: float) -> None:
         cfg = self.cfg
-        await asyncio.sleep(cfg.down_after)
+        await asyncio.sleep(after)
         await self.go_down()
         if cfg.down_for is not None:
             await asyncio.sleep(cfg.down_for)
@@ -226,7 +176,7 @@ class Card:
         return web.Response(status=200)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry),
+        return web.Response(body=self._metrics.text(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def stats(self) -> dict:
@@ -239,7 +189,7 @@ class Card:
             "generation_tokens": e.generation_tokens, "prompt_tokens": e.prompt_tokens,
             "completion_tokens_reported": self.completion_tokens,
             "running": e.running, "waiting": e.num_waiting, "kv_used": e.kv_used,
-            "finished": dict(self.finished), "faults": dict(self.faults),
+            "finished": dict(self.finished), "faults": dict(self.faults.counts),
             "steps": e.steps, "busy_s": e.busy_s, "late_s": e.late_s, "resyncs": e.resyncs,
             "uptime_s": time.monotonic() - self._t0, "time_scale": self.cfg.engine.time_scale,
             "model_time_s": (time.monotonic() - self._t0) / self.cfg.engine.time_scale,
@@ -265,18 +215,6 @@ class Card:
         finally:
             self.in_flight -= 1
             self._active.pop(id(request), None)
-
-    def _draw_fault(self) -> str | None:
-        rates = self.cfg.fault_rates()
-        if not any(rates):
-            return None
-        u = self._fault_rng.random()
-        acc = 0.0
-        for kind, r in zip(FAULT_KINDS, rates):
-            acc += r
-            if u < acc:
-                return kind
-        return None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         cfg = self.cfg
@@ -312,9 +250,7 @@ class Card:
         so = body.get("stream_options")
         include_usage = bool(stream and isinstance(so, dict) and so.get("include_usage"))
 
-        fault = self._draw_fault()
-        if fault is not None:
-            self.faults[fault] += 1
+        fault = self.faults.draw()
         if fault == "fail":
             return _err(500, "simulated internal server error", "InternalServerError")
         if fault == "rate_limit":
@@ -337,7 +273,7 @@ class Card:
                 finish = "stop"
         drop_at = None
         if fault == "drop":
-            drop_at = self._fault_rng.randint(1, max(1, n - 1)) if n > 1 else 1
+            drop_at = self.faults.drop_point(n)
 
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
@@ -452,9 +388,3 @@ class Card:
         self._finish(finish, n)
         await resp.write_eof()
         return resp
-
-
-async def serve(cards: list[Card]) -> None:
-    """Start every card (raises OSError when a port is taken)."""
-    for c in cards:
-        await c.start()

@@ -9,13 +9,13 @@ the running head, parts on a page of their own, and highlighted code that wraps 
 Model output is untrusted: raw HTML in it shows as text, images are shown as their alt text and never fetched,
 and WeasyPrint's URL fetcher serves only our own template assets and refuses everything else.
 
-How it is fast: see orchestrator/typeset_pdf.py (parts laid out in parallel processes, merged with global page
-numbers) and benchmarks/typeset.py (the measurements). ``handbook typeset BOOK.md`` is the command line.
+How it is fast: see typeset/pdf.py (parts laid out in parallel processes) and typeset/merge.py (one merge with
+global page numbers), and benchmarks/typeset.py (the measurements). ``handbook typeset BOOK.md`` is the command
+line (orchestrator/cli/typeset.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import time
 from collections.abc import Iterable
@@ -36,7 +36,7 @@ from .html import (
     toc_entries,
 )
 
-__all__ = ["FORMATS", "TypesetInfo", "add_arguments", "run", "typeset", "typeset_to"]
+__all__ = ["FORMATS", "TypesetInfo", "parse_formats", "typeset", "typeset_to"]
 
 FORMATS = ("md", "html", "pdf")
 
@@ -59,7 +59,8 @@ def _template_dirs(templates: str | Path | None) -> list[str]:
     return [str(d) for d in template_dirs(templates)]
 
 
-def _formats(formats: Iterable[str]) -> set[str]:
+def parse_formats(formats: Iterable[str]) -> set[str]:
+    """The formats asked for, normalised; an unknown one is a :class:`ConfigError`."""
     out = set()
     for f in formats:
         f = f.strip().lower()
@@ -81,7 +82,7 @@ def typeset(
 ) -> TypesetInfo:
     """Write ``out_dir/book.html`` and/or ``out_dir/book.pdf`` ("md" in ``formats`` is ignored here)."""
     out_dir = Path(out_dir)
-    fmts = _formats(formats)
+    fmts = parse_formats(formats)
     return typeset_to(
         markdown,
         pdf_path=out_dir / "book.pdf" if "pdf" in fmts else None,
@@ -155,58 +156,3 @@ def _book_html(root: Node, dirs: list[str], fragments: dict[str, tuple[str, str]
         dirs, mode="html", front=True, title_html=Markup(title_html), title_text=plain_text(title_html),
         toc=toc, preface_html=Markup(render_markdown(root.body)), nodes=root.children,
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# handbook typeset BOOK.md [--out BOOK.pdf] [--format pdf,html] [--templates DIR] [--workers N]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("book", metavar="BOOK.md", help="the Markdown book to typeset")
-    parser.add_argument("--out", metavar="BOOK.pdf",
-                        help="the PDF to write (default: BOOK.pdf next to BOOK.md); book.html goes beside it; "
-                             "a directory means DIR/book.pdf")
-    parser.add_argument("--format", default="pdf", metavar="LIST",
-                        help="comma-separated: html, pdf (md is accepted and ignored; default: pdf)")
-    parser.add_argument("--templates", metavar="DIR", help="a directory with book.html.j2 and/or book.css overrides")
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="layout processes (default: one per CPU core)")
-
-
-def run(args: argparse.Namespace) -> int:
-    src = Path(args.book).expanduser()
-    if not src.is_file():
-        raise ConfigError(f"{src}: no such file")
-    try:
-        markdown = src.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{src}: cannot read it as UTF-8 text ({e})") from e
-    if not markdown.strip():
-        raise ConfigError(f"{src}: the file is empty")
-    fmts = _formats(str(args.format).split(","))
-    if not fmts & {"html", "pdf"}:
-        raise ConfigError("--format: nothing to typeset (choose html and/or pdf)")
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers must be at least 1")
-    if args.out:
-        out = Path(args.out).expanduser()
-        if out.is_dir() or str(args.out).endswith(("/", "\\")):
-            pdf = out / "book.pdf"
-        elif out.suffix.lower() == ".pdf":
-            pdf = out
-        else:
-            raise ConfigError(f"--out {out}: give a .pdf file name or a directory")
-    else:
-        pdf = src.with_suffix(".pdf")
-    info = typeset_to(
-        markdown,
-        pdf_path=pdf if "pdf" in fmts else None,
-        html_path=pdf.with_suffix(".html") if "html" in fmts else None,
-        templates=args.templates,
-        workers=args.workers,
-        default_title=src.stem.replace("_", " ").replace("-", " ").strip() or "Handbook",
-    )
-    wrote = [str(p) for p in (info.pdf_path, info.html_path) if p is not None]
-    pages = f", {info.pdf_pages} pages" if info.pdf_pages is not None else ""
-    print(f"wrote {' and '.join(wrote)} ({info.sections} sections{pages}) in {info.seconds:.1f} s")
-    return 0

@@ -1,17 +1,18 @@
-"""The typesetter's pipe protocol, shared by the parent (typeset_pdf) and its workers (typeset_worker): each
+"""The typesetter's pipe protocol, shared by the parent (typeset/pdf.py) and its workers (typeset/worker.py): each
 message is an 8-byte little-endian length and that many bytes. Kept apart so the parent never imports the
 worker's WeasyPrint."""
 
 from __future__ import annotations
 
 import struct
+from typing import IO
 
 
 def frame(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def read_exact(stream, n: int) -> bytes | None:
+def read_exact(stream: IO[bytes], n: int) -> bytes | None:
     """Exactly n bytes from a blocking binary stream, or None at end of stream."""
     buf = bytearray()
     while len(buf) < n:
@@ -22,7 +23,7 @@ def read_exact(stream, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def read_frame(stream) -> bytes | None:
+def read_frame(stream: IO[bytes]) -> bytes | None:
     head = read_exact(stream, 8)
     if head is None:
         return None

@@ -1,8 +1,7 @@
 """One WeasyPrint layout, in its own process: a chunk of the book (a part, or the title page and contents) -> PDF.
 
-Started by orchestrator/typeset_pdf.py (see ``_BOOTSTRAP`` there; ``python -m orchestrator.typeset.worker`` works
-too): each worker imports WeasyPrint once and lays out the chunks it is sent, one at a time. The parent never
-imports this module (it only merges).
+Started by typeset/pdf.py as ``python -P -m orchestrator.typeset.worker``: each worker imports WeasyPrint once and
+lays out the chunks it is sent, one at a time. The parent never imports this module (it only merges).
 """
 
 from __future__ import annotations
@@ -15,37 +14,21 @@ import pickle
 import sys
 import time
 import traceback
-import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import unquote
 
-import pydyf
 from markupsafe import Markup
 from weasyprint import HTML
 from weasyprint.urls import URLFetcher, URLFetcherResponse
 
+from .compat import anchor_boxes, cap_pdf_compression, toc_lines
 from .html import Node, document_html, render_nodes
 from .ipc import frame, read_frame
 
 # pydyf (WeasyPrint's PDF writer) deflates every stream at zlib level 9. Measured on a 171-page part's content
 # streams: level 9 takes 0.46 s of CPU, level 6 (zlib's default) 0.07 s for 14% more bytes. Level 6 it is.
 ZLIB_LEVEL = 6
-
-
-class _Zlib:
-    """zlib as pydyf sees it: the same module, with compressobj's level capped at ZLIB_LEVEL."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(zlib, name)
-
-    @staticmethod
-    def compressobj(level: int = -1, *args: Any, **kwargs: Any) -> Any:
-        return zlib.compressobj(min(level, ZLIB_LEVEL) if level >= 0 else level, *args, **kwargs)
-
-
-if getattr(pydyf, "zlib", None) is zlib:
-    pydyf.zlib = _Zlib()
 
 # Relative URLs in a template resolve against this; the fetcher maps it onto the template directories and
 # refuses everything else (file:, http(s) anywhere, data:, 127.0.0.1 ...). ".invalid" never resolves.
@@ -71,9 +54,6 @@ class AssetFetcher(URLFetcher):
         self.refused.append(url[:200])
         raise ValueError(f"handbook fetches nothing but its own assets; refused {url[:80]!r}")
 
-    def __call__(self, url: str) -> URLFetcherResponse:
-        return self.fetch(url)
-
 
 def _peak_rss_mb() -> float:
     try:
@@ -89,7 +69,7 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     c0 = time.process_time()
     dirs = job["template_dirs"]
-    fragments: dict[str, str] = {}
+    fragments: dict[str, tuple[str, str]] = {}
     if job["kind"] == "front":
         html = document_html(
             dirs, mode="pdf", front=True, title_html=Markup(job["title_html"]), title_text=job["title_text"],
@@ -113,13 +93,9 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
     del html
     t_layout = time.perf_counter()
     pages = len(doc.pages)
-    anchors: dict[str, tuple[int, float, float, float, float]] = {}
-    for i, page in enumerate(doc.pages):
-        for name, rect in page.anchors.items():
-            if name not in anchors:
-                anchors[name] = (i, *rect)
+    anchors = anchor_boxes(doc)
     size = (doc.pages[0].width, doc.pages[0].height) if pages else (0.0, 0.0)
-    toc_lines = _toc_lines(doc) if job["kind"] == "front" else {}
+    lines = toc_lines(doc) if job["kind"] == "front" else {}
     doc.write_pdf(job["out"])
     t_end = time.perf_counter()
     return {
@@ -129,7 +105,7 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
         "pages": pages,
         "size_px": size,
         "anchors": anchors,
-        "toc_lines": toc_lines,
+        "toc_lines": lines,
         "fragments": fragments,
         "refused": fetcher.refused,
         "seconds": {"html": t_html - t0, "layout": t_layout - t_html, "pdf": t_end - t_layout,
@@ -139,35 +115,7 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _toc_lines(doc) -> dict[str, tuple[int, float, float, bool]]:
-    """For each contents entry (``id="toc-..."``): (page, first line's baseline y, font size, bold), CSS px.
-
-    The merge prints the entry's page number on that baseline, right-aligned to the entry's box. Read from the
-    laid-out boxes (WeasyPrint internals); if those ever change shape, the merge falls back to the entry's box.
-    """
-    out: dict[str, tuple[int, float, float, bool]] = {}
-    try:
-        from weasyprint.formatting_structure import boxes
-
-        for i, page in enumerate(doc.pages):
-            for box in page._page_box.descendants():
-                if not isinstance(box, boxes.BlockBox) or box.element is None:
-                    continue
-                name = box.element.get("id") or ""
-                if not name.startswith("toc-") or name in out:
-                    continue
-                line = next((c for c in box.children if isinstance(c, boxes.LineBox)), None)
-                if line is None:
-                    continue
-                weight = box.style["font_weight"]
-                out[name] = (i, float(line.position_y + line.baseline), float(box.style["font_size"]),
-                             isinstance(weight, int | float) and weight >= 600)
-    except Exception:
-        return {}
-    return out
-
-
-def _send(out, msg) -> None:
+def _send(out: IO[bytes], msg: tuple[str, int, Any]) -> None:
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     out.write(frame(data))
     out.flush()
@@ -179,6 +127,7 @@ def main() -> None:
     # The cyclic collector only costs time during a layout (WeasyPrint makes few reference cycles; measured
     # ~13% less CPU at the same peak memory); one collection between jobs keeps a long-lived worker tidy.
     gc.disable()
+    cap_pdf_compression(ZLIB_LEVEL)
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     logging.getLogger("fontTools").setLevel(logging.ERROR)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

@@ -1,0 +1,114 @@
+"""Starting the vLLM server process and waiting for it to answer /health.
+
+The server is started as ``<engine python> -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
+script fails in this build), in a session of its own so that stopping it reaches every process it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..errors import BackendError
+from .children import LAUNCHER, Progress, child_env, group_alive, last_error_line, pid_alive, tail
+from .paths import MODEL_NAME, mkdir, run_dir
+
+__all__ = ["SERVER_MODULE", "Startup", "health", "spawn"]
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MAX_MODEL_LEN = 2048
+
+
+def health(base: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _server_command(py: Path, model: Path, port: int) -> list[str]:
+    return [
+        str(py), "-m", SERVER_MODULE,
+        "--model", str(model),
+        "--served-model-name", MODEL_NAME,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--enforce-eager",
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--disable-uvicorn-access-log",
+    ]
+
+
+def spawn(cache: Path, py: Path, model: Path, port: int, *, tie_to_parent: bool) -> tuple[subprocess.Popen, Path]:
+    """Start the server in a session of its own; with ``tie_to_parent`` it gets SIGTERM if we die."""
+    _sweep_run_dirs(cache)
+    folder = run_dir(cache, port)
+    shutil.rmtree(folder, ignore_errors=True)
+    env = child_env(cache, folder / "tmp")
+    log = mkdir(cache / "logs") / f"engine-{port}.log"
+    cmd = _server_command(py, model, port)
+    if tie_to_parent:
+        cmd = [str(py), "-c", LAUNCHER, str(os.getpid()), *cmd]
+    with open(log, "wb") as fh:
+        fh.write(f"$ {shlex.join(cmd)}\n".encode())
+        fh.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True, cwd=str(folder),
+        )
+    (folder / "pid").write_text(str(proc.pid))
+    return proc, log
+
+
+def _sweep_run_dirs(cache: Path) -> None:
+    """Remove the run dirs (TMPDIR and all) of servers that died without cleaning up (a SIGKILLed parent)."""
+    try:
+        dirs = list((cache / "run").iterdir())
+    except OSError:
+        return
+    for d in dirs:
+        try:
+            pid = int((d / "pid").read_text())
+        except (OSError, ValueError):
+            try:  # no pid file: being created right now, or very old
+                if time.time() - d.stat().st_mtime < 3600:
+                    continue
+            except OSError:
+                continue
+            pid = None
+        if pid is None or not (pid_alive(pid) or group_alive(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class Startup:
+    """Shared by the sync and async waits: one step of waiting for /health, with progress and failure checks."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path, base: str, timeout: float, on_progress: Progress | None):
+        self.proc, self.log, self.base, self.timeout, self.on_progress = proc, log, base, timeout, on_progress
+        self.t0 = time.monotonic()
+        self.last_said = -1.0
+
+    def check(self) -> None:
+        rc = self.proc.poll()
+        elapsed = time.monotonic() - self.t0
+        if rc is not None:
+            line = last_error_line(tail(self.log, 60))
+            raise BackendError(f"the local engine exited during start-up (exit {rc}): {line}; full log: {self.log}")
+        if elapsed > self.timeout:
+            raise BackendError(f"the local engine did not answer /health within {self.timeout:.0f} s; log: {self.log}")
+        if self.on_progress is not None and elapsed - self.last_said >= 1.0:
+            self.last_said = elapsed
+            self.on_progress(f"starting the local engine (vLLM CPU, {MODEL_NAME}) on {self.base}: {elapsed:.0f} s")
+
+    def wait(self) -> None:
+        """Block until the server is healthy (BackendError when it exits or the timeout passes)."""
+        while not health(self.base, timeout=1.0):
+            self.check()
+            time.sleep(0.5)

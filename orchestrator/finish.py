@@ -1,0 +1,190 @@
+"""Finishing a job: the written sections -> book.md and outline.json, defects.json/.md and stats.json
+(:func:`save_book`), then book.html/book.pdf and the Result (:func:`publish`).
+
+Everything but the typeset book is on disk before typesetting starts, so a typesetting failure loses nothing:
+``Result.typeset_error`` says what broke and the CLI exits with TYPESET_FAILED_EXIT.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+import orjson
+
+from .assemble import INTERRUPTED, Book, assemble
+from .config import Settings
+from .events import Event, JobFinished
+from .outline import Outline
+from .report import JobRecord, build_stats
+
+if TYPE_CHECKING:
+    from .write import Written
+
+log = logging.getLogger("handbook")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a job produced. ``complete`` is False when any section failed, came back empty or was not written;
+    ``interrupted`` is True when the run was stopped by Ctrl-C (what existed was written; rerun to resume);
+    ``typeset_error`` says why the PDF/HTML could not be made (book.md, stats and defects were written first)."""
+
+    markdown: str
+    outline: Outline
+    stats: dict[str, Any]
+    defects: dict[str, Any] | None
+    paths: dict[str, Path]
+    complete: bool
+    failed_sections: tuple[str, ...] = field(default=())
+    interrupted: bool = False
+    typeset_error: str | None = None  # book.html/book.pdf could not be made; everything else was written
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the runner knew of the job before the writing began."""
+
+    prompt: str
+    settings: Settings
+    out_dir: Path
+    backends: tuple[str, ...]  # the usable backends' URLs, in fleet order
+    model: str
+    t_start: float  # time.monotonic() when the job started
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The book on disk but not yet typeset. ``status`` is the journal's word for the run: complete, incomplete,
+    interrupted or aborted (every backend stopped answering)."""
+
+    book: Book
+    record: JobRecord
+    stats: dict[str, Any]
+    defects: dict[str, Any] | None
+    paths: dict[str, Path]
+    failed: tuple[str, ...]  # failed or empty sections
+    stop: str | None  # why the writing ended early and left something missing (see Written.stop)
+    status: str
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed and self.stop is None
+
+
+def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], journal_path: Path) -> Draft:
+    """Assemble the book and write book.md, outline.json, defects.json/.md and stats.json."""
+    stop = written.stop
+    outline = written.outline or Outline(title=job.prompt)  # stopped while planning: a title at most
+    book = assemble(outline, written.sections, INTERRUPTED if stop == "interrupt" else "not written")
+    if stop == "interrupt" and written.t_titles is not None and len(written.sections) == len(book.sections):
+        stop = None  # Ctrl-C came when every section was already in: nothing is missing
+    if stop is not None:
+        markdown = _mark_incomplete(book.markdown, stop, len(written.sections), len(book.sections),
+                                    planned=written.t_titles is not None)
+        book = Book(book.outline, book.sections, markdown)
+    paths = _write_outputs(job.out_dir, book, outline)
+    t_end = time.monotonic()
+    failed = tuple(s.path for s in book.sections if s.failed or s.empty)
+    if stop == "all-down":
+        status = "aborted"
+    else:
+        status = "complete" if not failed and stop is None else ("interrupted" if stop else "incomplete")
+
+    defects = _write_defects(job.out_dir, book, paths)
+    record = JobRecord(
+        backends=job.backends,
+        plan_levels=plan_levels,
+        book=book,
+        replies=written.replies,
+        t_start=job.t_start,
+        t_titles_known=written.t_titles or t_end,
+        t_write_start=written.t_write_start,
+        t_write_end=written.t_write_end,
+        t_end=t_end,
+        resumed_sections=written.resumed_sections,
+        server_counted=written.server_counted,
+        fleet=written.fleet,
+        model=job.model,
+        interrupted=stop is not None,
+    )
+    stats = build_stats(record)
+    for warning in stats["warnings"]:  # e.g. a backend that sent no usage: tokens_written undercounts
+        log.warning("%s", warning)
+    _write_stats(job.out_dir, stats, paths)
+    paths["journal"] = journal_path
+    return Draft(book, record, stats, defects, paths, failed, stop, status)
+
+
+async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None]) -> Result:
+    """Typeset book.html/book.pdf when asked for (and the book is whole), tell the consumers, return the Result."""
+    stats = draft.stats
+    typeset_error = None
+    if draft.stop is None and any(f in job.settings.formats for f in ("html", "pdf")):
+        record = await _typeset(job, draft.book, draft.paths, draft.record)
+        typeset_error = record.typeset_error
+        stats = build_stats(record)
+        _write_stats(job.out_dir, stats, draft.paths)
+    bus(JobFinished(stats, draft.complete, time.monotonic()))
+    return Result(draft.book.markdown, draft.book.outline, stats, draft.defects, draft.paths, draft.complete,
+                  draft.failed, interrupted=draft.stop == "interrupt", typeset_error=typeset_error)
+
+
+async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: JobRecord) -> JobRecord:
+    """Lay out book.html/book.pdf; the record gains the time and pages, or ``typeset_error``: a one-line message
+    saying what broke (book.md, stats, defects and the journal are already written, so nothing is lost)."""
+    from .typeset import typeset
+
+    formats = [f for f in job.settings.formats if f != "md"]
+    try:
+        info = await anyio.to_thread.run_sync(
+            lambda: typeset(book.markdown, job.out_dir, formats, job.settings.templates)
+        )
+    except Exception as e:  # WeasyPrint, a template, a worker: whatever broke, the Markdown book stands
+        why = " ".join(str(e).split())[:300] or type(e).__name__
+        message = f"typesetting failed ({type(e).__name__}: {why})"
+        log.warning("%s; book.md is complete in %s", message, job.out_dir)
+        return replace(record, typeset_error=message)
+    if info.pdf_pages is not None and info.pdf_path:
+        paths["pdf"] = info.pdf_path
+    if info.html_path:
+        paths["html"] = info.html_path
+    return replace(record, typeset_s=info.seconds, pdf_pages=info.pdf_pages)
+
+
+def _mark_incomplete(markdown: str, reason: str, written: int, total: int, planned: bool) -> str:
+    why = {"interrupt": "the run was interrupted", "all-down": "every backend stopped answering"}.get(reason, reason)
+    what = f"{written} of {total} sections are written" if planned else "the outline was not finished"
+    note = (f"> **Incomplete:** {why}; {what}. Rerun the same command to resume from the journal "
+            f"(journal.sqlite).\n")
+    head, _, rest = markdown.partition("\n")
+    return f"{head}\n\n{note}\n{rest.lstrip()}"
+
+
+def _write_outputs(out_dir: Path, book: Book, outline: Outline) -> dict[str, Path]:
+    (out_dir / "book.md").write_text(book.markdown, encoding="utf-8")
+    (out_dir / "outline.json").write_bytes(orjson.dumps(outline.to_json(), option=orjson.OPT_INDENT_2))
+    return {"md": out_dir / "book.md", "outline": out_dir / "outline.json"}
+
+
+def _write_stats(out_dir: Path, stats: dict[str, Any], paths: dict[str, Path]) -> None:
+    (out_dir / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    paths["stats"] = out_dir / "stats.json"
+
+
+def _write_defects(out_dir: Path, book: Book, paths: dict[str, Path]) -> dict[str, Any] | None:
+    from .defects import find_defects
+
+    d = find_defects(book)
+    data = d.to_json()
+    (out_dir / "defects.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    (out_dir / "defects.md").write_text(d.to_markdown(), encoding="utf-8")
+    paths["defects"] = out_dir / "defects.json"
+    paths["defects_md"] = out_dir / "defects.md"
+    return data

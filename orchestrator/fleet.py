@@ -1,0 +1,212 @@
+"""The fleet: per-backend caps, one shared queue of leases, and each backend's health.
+
+Every request (planning and sections alike) takes a *lease* on a backend before it is sent and gives it back when
+its attempt ends, so a backend's cap bounds everything in flight on it. Leases are granted from one shared queue,
+ordered by (priority, arrival): planning requests go before sections so the outline is never starved. A free
+slot goes to the healthy backend with the lowest load (in flight / cap), which gives equal servers equal shares
+and a slower server fewer (it holds its leases longer) — the behaviour of pull workers over one queue, without a
+worker task per slot. A backend that fails ``trip_after`` times in a row leaves the rotation, is probed, and
+comes back when it answers again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .client import BackendClient
+from .errors import BackendError
+from .events import BackendState
+from .reply import Reply
+
+
+@dataclass
+class BackendLoad:
+    """Mutable per-backend bookkeeping, owned by the Fleet (never shared outside the event loop)."""
+
+    client: BackendClient
+    cap: int
+    in_flight: int = 0
+    max_in_flight: int = 0
+    healthy: bool = True
+    consecutive_failures: int = 0
+    requests: int = 0
+    errors: int = 0
+    down_since: float | None = None
+    trips: int = 0  # times it left the rotation
+    listening_since: float | None = None  # out of rotation, its probe completion on its way (/v1/models answered)
+    probe_failed: bool = False  # a probe completion failed during this outage: listening no longer counts
+
+
+@dataclass(order=True)
+class _Waiter:
+    priority: tuple[int, int]
+    seq: int
+    event: anyio.Event = field(compare=False)
+    granted: int | None = field(default=None, compare=False)
+    abandoned: bool = field(default=False, compare=False)
+
+
+class Fleet:
+    def __init__(
+        self,
+        clients: list[BackendClient],
+        caps: list[int],
+        emit: Callable[[Any], None],
+        *,
+        trip_after: int = 3,
+        probe_interval: float = 1.0,
+        all_down_timeout: float = 30.0,
+    ):
+        self.loads = [BackendLoad(c, cap) for c, cap in zip(clients, caps, strict=True)]
+        self._emit = emit
+        self._waiters: list[_Waiter] = []
+        self._seq = itertools.count()
+        self._rr = itertools.count()
+        self._trip_after = trip_after
+        self._probe_interval = probe_interval
+        self._all_down_timeout = all_down_timeout
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.all_down_error: BackendError | None = None
+        self.all_down = anyio.Event()  # set together with all_down_error
+        self.stopped = False  # no lease is granted any more (an interrupt): in-flight requests run out
+
+    async def run(self, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Background duties (watchdogs, probes). Runs until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            for load in self.loads:
+                tg.start_soon(load.client.watchdog)
+            task_status.started()
+            await anyio.sleep_forever()
+
+    # -- leases -------------------------------------------------------------------------------------------------
+
+    def _pick(self) -> int | None:
+        best: int | None = None
+        best_load = 2.0
+        n = len(self.loads)
+        start = next(self._rr) % n
+        for k in range(n):
+            i = (start + k) % n
+            load = self.loads[i]
+            if not load.healthy or load.in_flight >= load.cap:
+                continue
+            frac = load.in_flight / load.cap
+            if frac < best_load:
+                best, best_load = i, frac
+        return best
+
+    def _take(self, i: int) -> None:
+        load = self.loads[i]
+        load.in_flight += 1
+        load.requests += 1
+        if load.in_flight > load.max_in_flight:
+            load.max_in_flight = load.in_flight
+
+    def stop(self) -> None:
+        """Grant no more leases: requests in flight finish, every other one waits until it is cancelled."""
+        self.stopped = True
+
+    @property
+    def in_flight(self) -> int:
+        return sum(x.in_flight for x in self.loads)
+
+    def _grant(self) -> None:
+        if self.stopped:
+            return
+        while self._waiters:
+            i = self._pick()
+            if i is None:
+                return
+            w = heapq.heappop(self._waiters)
+            if w.abandoned:
+                continue
+            self._take(i)
+            w.granted = i
+            w.event.set()
+
+    @asynccontextmanager
+    async def lease(self, priority: tuple[int, int] = (1, 0)):
+        """Hold one slot on some healthy backend for the duration of the block."""
+        i = None if self._waiters or self.stopped else self._pick()
+        if i is not None:
+            self._take(i)
+        else:
+            w = _Waiter(priority, next(self._seq), anyio.Event())
+            heapq.heappush(self._waiters, w)
+            try:
+                await w.event.wait()
+            except BaseException:
+                w.abandoned = True
+                if w.granted is not None:
+                    self._release(w.granted)
+                raise
+            i = w.granted
+            assert i is not None
+        try:
+            yield self.loads[i].client
+        finally:
+            self._release(i)
+
+    def _release(self, i: int) -> None:
+        self.loads[i].in_flight -= 1
+        self._grant()
+
+    # -- health -------------------------------------------------------------------------------------------------
+
+    def report(self, client: BackendClient, reply: Reply) -> None:
+        load = next(x for x in self.loads if x.client is client)
+        if reply.ok:
+            load.consecutive_failures = 0
+            return
+        load.errors += 1
+        if not reply.health:
+            return
+        load.consecutive_failures += 1
+        if load.healthy and load.consecutive_failures >= self._trip_after:
+            load.healthy = False
+            load.trips += 1
+            load.down_since = time.monotonic()
+            self._emit(BackendState(load.client.url, False, reply.error or "failing", time.monotonic()))
+            if self._tg is not None:
+                self._tg.start_soon(self._probe, load)
+
+    async def _probe(self, load: BackendLoad) -> None:
+        def listening() -> None:
+            load.listening_since = time.monotonic()
+
+        while not load.healthy:
+            await anyio.sleep(self._probe_interval)
+            try:
+                back = await load.client.probe(on_listening=listening)
+            finally:
+                load.listening_since = None
+            if back:
+                load.healthy = True
+                load.consecutive_failures = 0
+                load.down_since = None
+                load.probe_failed = False
+                self._emit(BackendState(load.client.url, True, "answering again", time.monotonic()))
+                self._grant()
+                return
+            # A server whose probe completion is still on its way (it answered /v1/models; a busy CPU engine
+            # queues the completion behind its running streams) is alive: it does not count towards "every
+            # backend stopped answering". One whose completion failed does.
+            load.probe_failed = load.probe_failed or load.client.last_probe_reached_completion
+            if all(not x.healthy and (x.listening_since is None or x.probe_failed) for x in self.loads):
+                all_down_since = max(x.down_since or time.monotonic() for x in self.loads)
+                if time.monotonic() - all_down_since > self._all_down_timeout and self.all_down_error is None:
+                    self.all_down_error = BackendError(
+                        f"every backend stopped answering for {self._all_down_timeout:g} s: "
+                        + ", ".join(x.client.url for x in self.loads)
+                    )
+                    self.all_down.set()
+                    self._emit(BackendState("*", False, str(self.all_down_error), time.monotonic()))

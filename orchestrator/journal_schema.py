@@ -1,0 +1,154 @@
+"""The journal's SQLite schema: its tables, its version, the migration of older files, and the checks an existing
+file must pass before it is resumed (a handbook journal, of a version we read, of this very job)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import ConfigError
+
+SCHEMA_VERSION = 2  # 2: nodes.value, committed (1 is migrated on open)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    path              TEXT PRIMARY KEY,   -- '' for the book node, '3' part, '3.7' chapter, '3.7.12' section
+    kind              TEXT NOT NULL,      -- book, part, chapter, section
+    title             TEXT NOT NULL,
+    text              TEXT NOT NULL,
+    finish_reason     TEXT,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    backend           TEXT,
+    attempts          INTEGER NOT NULL,
+    latency_s         REAL,               -- request start -> last byte of the accepted attempt
+    first_token_s     REAL,               -- request start -> first token
+    finished_at       REAL NOT NULL,      -- wall clock (time.time())
+    run               INTEGER NOT NULL,
+    value             TEXT                -- planning nodes: the accepted titles as JSON {"title", "items"}
+);
+CREATE TABLE IF NOT EXISTS committed (
+    path   TEXT PRIMARY KEY,              -- a planning node that had not finished
+    label  TEXT NOT NULL,                 -- its own title (the node is only this node under this title)
+    title  TEXT,                          -- the book title it committed (book node only)
+    items  TEXT NOT NULL                  -- JSON list of the titles committed so far, in order
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id         INTEGER PRIMARY KEY,
+    started_at REAL NOT NULL,
+    ended_at   REAL,
+    status     TEXT NOT NULL,             -- running, complete, incomplete, interrupted, aborted
+    requests   INTEGER,
+    resumed    INTEGER
+);
+"""
+
+
+def open_db(
+    path: Path, prompt: str, key: dict[str, Any], public: dict[str, Any]
+) -> tuple[sqlite3.Connection, dict[str, str]]:
+    """Connect to ``path``, creating the journal of this job there if the file is new (or migrating an older one),
+    and return the connection and the journal's meta. Raises ConfigError for a file of another job, another
+    version or another program; sqlite3 and decoding errors for one that cannot be read (the connection is closed
+    before any error leaves)."""
+    conn = _connect(path)
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall()) if _has_meta(conn) else {}
+        if meta:
+            _check(path, meta, key)
+            if meta.get("schema_version") == "1":
+                _migrate_1(conn)
+            return conn, meta
+        if _has_tables(conn):
+            raise ConfigError(f"{path} is an SQLite file of something else, not a handbook journal; "
+                              "remove it, choose another --out, or pass --fresh")
+        with conn:
+            conn.executescript(_SCHEMA)
+            conn.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("app", "handbook"),
+                    ("created_at", repr(time.time())),
+                    ("prompt", prompt),
+                    ("key", dumps(key)),
+                    ("settings", dumps(public)),
+                ],
+            )
+        return conn, dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.isolation_level = None
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.isolation_level = "DEFERRED"  # ``with conn:`` begins (as plain BEGIN does) and commits
+    return conn
+
+
+def _has_tables(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table'").fetchone() is not None
+
+
+def _migrate_1(conn: sqlite3.Connection) -> None:
+    """Schema 1 -> 2: planning nodes gain ``value`` (absent for old nodes: they are re-parsed from their reply),
+    and the ``committed`` table is added."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
+    with conn:
+        if "value" not in columns:  # a migration cut short before its version was written: do only the rest
+            conn.execute("ALTER TABLE nodes ADD COLUMN value TEXT")
+        conn.executescript(_SCHEMA)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+
+def _has_meta(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is not None
+
+
+def _check(path: Path, meta: dict[str, str], key: dict[str, Any]) -> None:
+    if meta.get("app") != "handbook":
+        raise ConfigError(f"{path} is not a handbook journal; remove it, choose another --out, or pass --fresh")
+    try:
+        version = int(meta.get("schema_version", "0"))
+    except ValueError:
+        version = -1
+    if version not in (1, SCHEMA_VERSION):
+        raise ConfigError(
+            f"{path} has journal schema {version}, this handbook reads {SCHEMA_VERSION}; pass --fresh to start over"
+        )
+    old = orjson.loads(meta["key"])
+    if not isinstance(old, dict):
+        raise ValueError("its job key is not a mapping")
+    if old.get("prompt") != key["prompt"]:
+        raise ConfigError(
+            f"{path.parent} holds another job's journal (prompt {_clip(old.get('prompt'))}); "
+            "choose another --out, or pass --fresh to overwrite it"
+        )
+    changed = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in key.items() if old.get(k) != v]
+    if changed:
+        raise ConfigError(
+            f"{path} was written with other settings ({'; '.join(changed)}) that would change the book; "
+            "rerun with the same settings to resume, or pass --fresh to start over"
+        )
+
+
+def _clip(s: Any, n: int = 60) -> str:
+    s = str(s)
+    return repr(s if len(s) <= n else s[: n - 1] + "…")
+
+
+def dumps(v: Any) -> str:
+    return orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()

@@ -1,0 +1,321 @@
+"""A planning reply while it streams: titles as they complete (:class:`TitleStream`), and the node's children
+started from them (:class:`Expansion`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+
+from ..repair import norm_title as norm
+from .titles import LIST_LINE, TITLE_LINE, clean_title, indent_width, marker_kind, weak_title
+
+
+class TitleStream:
+    """Feed it a planning reply chunk by chunk; ``title`` and ``items`` grow as titles become *complete*.
+
+    A JSON string counts once its closing quote has arrived; a numbered or bulleted line once its newline has
+    (so the last line of a text reply only counts when the reply ends, through :func:`parse_titles`). Titles are
+    cleaned exactly as :func:`extract_titles` cleans them, so for a reply that ends up usable, ``items`` is a
+    prefix of the final list. Understood shapes: an object whose "title" is a string and whose "items" is an
+    array of strings (keys in any order, other keys skipped), a bare array of strings, or text lines ("Title: X",
+    "1. A"). Anything else sets ``stalled``: no more titles from this reply until it is complete.
+    """
+
+    __slots__ = ("_key", "_level", "_line_start", "_stack", "_want_key", "buf", "i", "items", "mode", "stalled",
+                 "title")
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.i = 0  # next unread character of buf
+        self.mode: str | None = None  # None (not yet known), "json" or "text"
+        self.title: str | None = None
+        self.items: list[str] = []
+        self.stalled = False
+        self._stack: list[str] = []  # JSON containers: "o" object, "a" array
+        self._key: list[str | None] = []  # per container: the key whose value comes next (objects)
+        self._want_key: list[bool] = []  # per container: an object expects a key (not a value) next
+        self._line_start = 0
+        self._level: tuple[int, str] | None = None  # text mode: (indent, marker kind) of the list's lines
+
+    def feed(self, text: str) -> None:
+        if self.stalled:
+            return
+        self.buf += text
+        while self.mode is None:
+            rest = self.buf.lstrip()
+            if not rest:
+                return
+            if rest.startswith("```"):  # a code fence opening: skip its whole line
+                nl = rest.find("\n")
+                if nl < 0:
+                    return
+                self.buf = rest[nl + 1:]
+                continue
+            self.mode = "json" if rest[0] in "{[" else "text"
+            self.i = self._line_start = len(self.buf) - len(rest)
+        if self.mode == "json":
+            self._json()
+        else:
+            self._text()
+
+    # -- text: one complete line at a time ---------------------------------------------------------------------
+    def _text(self) -> None:
+        buf = self.buf
+        while True:
+            nl = buf.find("\n", self._line_start)
+            if nl < 0:
+                return
+            line = buf[self._line_start:nl]
+            self._line_start = nl + 1
+            s = line.strip()
+            if not s or s.startswith("```"):
+                continue
+            tm = TITLE_LINE.match(line)
+            if tm:
+                if self.title is None:
+                    self.title = clean_title(tm.group(1)) or None
+                continue
+            m = LIST_LINE.match(line)
+            if m:
+                indent, kind = indent_width(m.group("indent")), marker_kind(m.group("marker"))
+                if kind == "bullet":
+                    # Bullets may be notes around a numbered list (the final parse decides): never commit one
+                    # while streaming; a bulleted list's children start when its reply is complete.
+                    if self._level is None or indent <= self._level[0]:
+                        self.stalled = True
+                        return
+                    continue
+                if self._level is None:
+                    self._level = (indent, kind)  # the first list line sets the list's indent and marker
+                if indent > self._level[0]:
+                    continue  # a sub-bullet under a title: not a title
+                if (indent, kind) != self._level:
+                    self.stalled = True  # a list of another shape: leave it to the final parse
+                    return
+                t = clean_title(m.group("text"))
+                if t:
+                    self.items.append(t)
+            elif self.items:
+                # prose after the list: the final parse still takes the list; nothing more to start
+                self.stalled = True
+                return
+
+    # -- JSON: a small tokenizer that only ever consumes complete tokens ---------------------------------------
+    def _json(self) -> None:
+        buf = self.buf
+        n = len(buf)
+        i = self.i
+        stack, keys, want_key = self._stack, self._key, self._want_key
+        while i < n:
+            c = buf[i]
+            if c in " \t\r\n,:":
+                if c == ":" and stack and stack[-1] == "o":
+                    want_key[-1] = False
+                i += 1
+                continue
+            if c == '"':
+                j = i + 1
+                while True:
+                    j = buf.find('"', j)
+                    if j < 0:
+                        self.i = i
+                        return  # incomplete string: wait for more
+                    k = j - 1
+                    while buf[k] == "\\":
+                        k -= 1
+                    if (j - 1 - k) % 2 == 0:
+                        break
+                    j += 1
+                try:
+                    value = orjson.loads(buf[i:j + 1])
+                except orjson.JSONDecodeError:
+                    self.stalled = True
+                    return
+                i = j + 1
+                self._string(value)
+                if self.stalled:
+                    return
+                continue
+            if c in "{[":
+                self._open("o" if c == "{" else "a")
+                i += 1
+                continue
+            if c in "}]":
+                if not stack:
+                    self.stalled = True
+                    return
+                stack.pop()
+                keys.pop()
+                want_key.pop()
+                self._value_done()
+                i += 1
+                if not stack:  # the top-level value is complete
+                    self.stalled = True
+                    self.i = i
+                    return
+                continue
+            # a bare literal (number, true, false, null): complete once a delimiter follows it
+            j = i
+            while j < n and buf[j] not in " \t\r\n,:}]":
+                j += 1
+            if j >= n:
+                self.i = i
+                return
+            if self._in_items():
+                self.stalled = True  # a non-string title: positions would no longer be certain
+                return
+            self._value_done()
+            i = j
+        self.i = i
+
+    def _in_items(self) -> bool:
+        st = self._stack
+        if st == ["a"]:
+            return True
+        return len(st) == 2 and st[0] == "o" and st[1] == "a" and self._key[0] == "items"
+
+    def _open(self, kind: str) -> None:
+        if self._stack and self._in_items():
+            self.stalled = True  # nested containers inside items: not a list of titles
+            return
+        self._stack.append(kind)
+        self._key.append(None)
+        self._want_key.append(kind == "o")
+
+    def _string(self, value: str) -> None:
+        st = self._stack
+        if not st:
+            self.stalled = True
+            return
+        if st[-1] == "o" and self._want_key[-1]:
+            self._key[-1] = value
+            return
+        if self._in_items():
+            t = clean_title(value)
+            if t:
+                self.items.append(t)
+        elif len(st) == 1 and st[0] == "o" and self._key[0] == "title":
+            self.title = clean_title(value) or None
+        self._value_done()
+
+    def _value_done(self) -> None:
+        if self._stack and self._stack[-1] == "o":  # the value of an object's key is complete: a key comes next
+            self._want_key[-1] = True
+            self._key[-1] = None
+
+
+class Expansion:
+    """One planning node's streamed expansion: commits titles from its reply as they complete and starts children.
+
+    The consistency rule (why early children are never wrong):
+
+    * A title is *committed* when a child is started from it. Committed titles are final: :func:`parse_titles`
+      puts them first in the node's list whatever a later reply says, and the node's book title is committed with
+      its first child (children's prompts carry it).
+    * Titles are committed strictly in order, only while the reply is still plausible: index < N, not a duplicate
+      of a committed title (a duplicate makes the reply unusable, so we stop there), and, in a re-asked reply, only
+      after that reply has repeated every committed title in place. Anything else stops early starts for that
+      attempt; the remaining children start when the node's final list is known.
+    * A re-asked reply is asked to keep the committed titles. If it changes its mind anyway, its new titles fill
+      the positions after the committed ones (dropping any that repeat them), so a started child is never
+      cancelled, renamed or duplicated.
+
+    When every reply is usable at the first attempt (the normal case), this is just "start each child the moment
+    its title streams past", and the outline is exactly what strict mode makes from the same prompts.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        want_title: bool,
+        start_child: Callable[[int, str, str | None], None] | None,
+        avoid: frozenset[str] = frozenset(),
+        on_commit: Callable[[str | None, list[str]], None] | None = None,
+        taken: set[str] | None = None,
+    ):
+        self.n = n
+        self.on_commit = on_commit  # (book title, committed titles) -> None: journals them before the child starts
+        self.avoid = avoid  # normalised ancestor titles: a child repeating one is not started (see parse_titles)
+        # Titles used anywhere in the outline so far (shared by every node of a planner whose profile wants a
+        # distinct outline; this node's own otherwise): a small model offers the same few titles at every level.
+        self.taken: set[str] = set() if taken is None else taken
+        self.attempts = 0
+        self.want_title = want_title
+        self.start_child = start_child  # (index, title, book title) -> None; None in strict mode
+        self.committed: list[str] = []
+        self.norms: set[str] = set()
+        self.title: str | None = None
+        self.stream: TitleStream | None = None
+        self.matched = 0
+        self.following = False
+        self.unusable = 0  # replies of this node that failed validation
+        self.pool: list[str] = []  # every title its replies offered, for the last attempt (see parse_titles)
+        self.pool_title: str | None = None
+
+    def new_attempt(self) -> None:
+        self.attempts += 1
+        self.stream = TitleStream()
+        self.matched = 0
+        self.following = self.start_child is not None and len(self.committed) < self.n
+
+    def on_delta(self, text: str) -> None:
+        if not self.following:
+            return
+        try:
+            self._advance(text)
+        except Exception:
+            self.following = False
+
+    def _advance(self, text: str) -> None:
+        s = self.stream
+        assert s is not None
+        s.feed(text)
+        if self.want_title and self.title is None and s.title is None:
+            return  # children need the book title first
+        items = s.items
+        while self.matched < len(items):
+            idx = self.matched
+            t = items[idx]
+            if idx < len(self.committed):
+                if t != self.committed[idx]:
+                    self.following = False
+                    return
+                self.matched += 1
+                continue
+            if idx >= self.n:
+                self.following = False
+                return
+            k = norm(t)
+            if k in self.norms:
+                self.following = False
+                return
+            if self.want_title and self.title is None:
+                self.title = s.title
+            if weak_title(t, self.avoid | ({norm(self.title)} if self.title else set()), self.taken - self.norms):
+                self.following = False
+                return
+            self.committed.append(t)
+            self.norms.add(k)
+            self.taken.add(k)
+            self.matched += 1
+            if self.on_commit is not None:
+                self.on_commit(self.title, self.committed)
+            assert self.start_child is not None
+            self.start_child(idx, t, self.title)
+        if s.stalled:
+            self.following = False
+
+    def restore(self, title: str | None, items: tuple[str, ...]) -> None:
+        """Take the titles an earlier run committed for this node: they are final (their children exist)."""
+        self.title = title
+        self.committed = list(items[: self.n])
+        self.norms = {norm(t) for t in self.committed}
+
+    def retry_note(self) -> str:
+        if not self.committed:
+            return ""
+        keep = "; ".join(f"{i}. {t}" for i, t in enumerate(self.committed, 1))
+        book = f' Keep the book title "{self.title}".' if self.title else ""
+        return f"Keep these first {len(self.committed)} titles unchanged, in this order: {keep}.{book}"
+

@@ -1,0 +1,43 @@
+"""The outcome of one attempt at one request, as every layer sees it (the client makes it, the dispatcher retries
+on it, the journal stores it, the report counts it), and the finish reasons that make it an answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The outcome of one attempt at one request.
+
+    ``error`` is None for a usable answer. ``retryable`` says whether another attempt may succeed;
+    ``retry_after`` carries a server's Retry-After in seconds; ``health`` is True when the failure says something
+    about the backend itself (connection refused, timeout, 5xx, cut stream) rather than about this request.
+    """
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    backend: str
+    t_start: float
+    t_first: float | None
+    t_end: float
+    error: str | None = None
+    status: int | None = None
+    retryable: bool = False
+    retry_after: float | None = None
+    health: bool = False
+    attempt: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# Only these finish reasons are answers: "stop" (the model ended) and "length" (the token cap; a truncated but
+# real answer). vLLM and SGLang also send "abort"; servers send "error" and "content_filter".
+ANSWERS = frozenset({"stop", "length"})
+# Other servers' names for the same two (TGI's native "eos_token" and "stop_sequence", "max_tokens").
+FINISH_SYNONYMS = {"eos_token": "stop", "eos": "stop", "stop_sequence": "stop", "end_turn": "stop",
+                   "max_tokens": "length", "max_length": "length"}

@@ -1,0 +1,172 @@
+"""Pure text measures the defect report counts with: how a heading-delimited block ends, the fenced code blocks in
+it, whether Python code parses, and which texts nearly repeat one another. No I/O; the definitions are in
+``orchestrator.defects``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from collections import Counter, defaultdict
+
+from markdown_it import MarkdownIt
+
+__all__ = ["block_ending", "code_blocks", "near_duplicates", "python_ok", "scan_block"]
+
+NEAR_DUPLICATE_JACCARD = 0.5
+NEAR_DUPLICATE_CONTAINMENT = 0.8
+SHINGLE = 5
+MIN_SHINGLES = 20  # sections shorter than this (in shingles) are never called near-duplicates
+SAMPLE = 8  # candidate pairs are found on one shingle in SAMPLE
+
+_CLOSING = frozenset(".!?:…\"'”’»›)]}」』")
+_TRAILING_MARKUP = "*_`~ \t"
+_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_FENCE_CLOSE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
+_WORD = re.compile(r"\w+")
+
+
+def scan_block(text: str) -> tuple[bool, str, list[tuple[str, str, bool]]]:
+    """One pass over a heading-delimited block: (terminated, last line, code blocks as (language, code, closed)).
+
+    Fences are found line by line (CommonMark's fence rules at the left margin); a block with an indented fence
+    line (a fence inside a list item) has its code blocks read by markdown-it instead, which strips the
+    container's indentation.
+    """
+    fence: tuple[str, int, str, list[str]] | None = None
+    blocks: list[tuple[str, str, bool]] = []
+    last = ""
+    last_closed_fence = False
+    indented_fence = False
+    for line in text.splitlines():
+        if fence is not None:
+            m = _FENCE_CLOSE.match(line)
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1]:
+                blocks.append((fence[2], "\n".join(fence[3]) + ("\n" if fence[3] else ""), True))
+                fence = None
+                last, last_closed_fence = line.strip(), True
+                indented_fence |= line[:1] == " "
+            else:
+                fence[3].append(line)
+                if line.strip():
+                    last, last_closed_fence = line.strip(), False
+            continue
+        m = _FENCE_OPEN.match(line)
+        if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
+            info = m.group(2).strip().split()
+            fence = (m.group(1)[0], len(m.group(1)), info[0].lower() if info else "none", [])
+            last, last_closed_fence = line.strip(), False
+            indented_fence |= line[:1] == " "
+            continue
+        if line.strip():
+            last, last_closed_fence = line.strip(), False
+            if line[:1] in " \t" and ("```" in line or "~~~" in line):
+                indented_fence = True
+    if fence is not None:
+        blocks.append((fence[2], "\n".join(fence[3]) + ("\n" if fence[3] else ""), False))
+        terminated = False  # cut off inside a code block
+    elif last_closed_fence:
+        terminated = True
+    elif last.startswith("|") and last.endswith("|"):
+        terminated = True  # a table row
+    else:
+        core = last.rstrip(_TRAILING_MARKUP)
+        terminated = bool(core) and core[-1] in _CLOSING
+    if indented_fence:
+        blocks = code_blocks(text)
+    return terminated, last, blocks
+
+
+def block_ending(text: str) -> tuple[bool, str]:
+    """(terminated, last line) of one heading-delimited block, by the definition above."""
+    terminated, last, _ = scan_block(text)
+    return terminated, last
+
+
+_md = MarkdownIt("commonmark").disable(["inline", "text_join"])  # block structure is all we need
+
+
+def _strip_container(line: str) -> str:
+    return line.lstrip(" \t>")
+
+
+def code_blocks(text: str) -> list[tuple[str, str, bool]]:
+    """(language, code, closed) of every fenced block in one section's text, as markdown-it sees them."""
+    out = []
+    lines = text.splitlines()
+    for tok in _md.parse(text):
+        if tok.type != "fence" or tok.map is None:
+            continue
+        info = tok.info.strip().split()
+        lang = info[0].lower() if info else "none"
+        start, end = tok.map
+        closed = False
+        if end - 1 > start and end - 1 < len(lines):
+            m = _FENCE_CLOSE.match(_strip_container(lines[end - 1]))
+            closed = bool(m and m.group(1)[0] == tok.markup[0] and len(m.group(1)) >= len(tok.markup))
+        out.append((lang, tok.content, closed))
+    return out
+
+
+def python_ok(code: str) -> bool:
+    lines = code.splitlines()
+    if any(line.startswith(">>> ") or line == ">>>" for line in lines):
+        code = "\n".join(line[4:] for line in lines if line.startswith((">>> ", "... ")) or line in (">>>", "..."))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ast.parse(code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+            return False
+    return True
+
+
+def _shingles(text: str) -> set[int]:
+    words = _WORD.findall(text.lower())
+    if len(words) < SHINGLE:
+        return set()
+    return {hash(tuple(words[i : i + SHINGLE])) for i in range(len(words) - SHINGLE + 1)}
+
+
+def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
+    """(i, j, jaccard, containment) for every near-duplicate pair, most similar first.
+
+    Candidates come from an inverted index over a 1-in-``SAMPLE`` sample of the shingles (chosen by hash value,
+    so two texts keep the same ones); every candidate is then checked exactly on the full shingle sets. A pair at
+    the thresholds shares dozens of sampled shingles, so sampling loses none of them in practice.
+    """
+    sets = [_shingles(t) for t in texts]
+    n = len(sets)
+    max_df = max(50, n // 10)
+    index: dict[int, list[int]] = defaultdict(list)
+    for i, s in enumerate(sets):
+        if len(s) >= MIN_SHINGLES:
+            for h in s:
+                if h % SAMPLE == 0:
+                    index[h].append(i)
+    shared: Counter[tuple[int, int]] = Counter()
+    for docs in index.values():
+        if 2 <= len(docs) <= max_df:
+            for x in range(len(docs)):
+                dx = docs[x]
+                for y in range(x + 1, len(docs)):
+                    shared[(dx, docs[y])] += 1
+    candidates = {p for p, c in shared.items() if c >= 2}
+    # identical texts pair up even when every one of their shingles is too common to index
+    same: dict[frozenset[int], list[int]] = defaultdict(list)
+    for i, s in enumerate(sets):
+        if len(s) >= MIN_SHINGLES:
+            same[frozenset(s)].append(i)
+    for group in same.values():
+        candidates.update((group[x], group[y]) for x in range(len(group)) for y in range(x + 1, len(group)))
+    out = []
+    for i, j in candidates:
+        a, b = sets[i], sets[j]
+        inter = len(a & b)
+        jaccard = inter / len(a | b)
+        containment = inter / min(len(a), len(b))
+        if jaccard >= NEAR_DUPLICATE_JACCARD or containment >= NEAR_DUPLICATE_CONTAINMENT:
+            out.append((i, j, jaccard, containment))
+    out.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
+    return out

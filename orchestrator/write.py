@@ -1,0 +1,290 @@
+"""Writing the book: every section as its own request, sent the moment its title is known; Ctrl-C and a fleet
+that stops answering end it early, keeping what exists.
+
+:meth:`Writer.run` drives the planner and the section requests over one fleet and returns a :class:`Written`
+value, however the writing ended. With ``handle_sigint``, a first Ctrl-C stops dispatching and lets requests in
+flight finish for ``settings.interrupt_grace_s``; a second raises Interrupted at once. Every backend out of
+rotation for ``settings.all_down_timeout_s`` stops the writing too (``Written.stop`` says so: the runner raises
+BackendError once what exists is on disk).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from .assemble import SectionText
+from .client import BackendClient
+from .config import Settings
+from .dispatch import Dispatcher
+from .errors import Interrupted
+from .events import Event, NodeFinished, OutlineReady
+from .fleet import Fleet
+from .journal import Journal
+from .outline import Outline, SectionRef
+from .plan import Planner
+from .profiles import Profile
+from .prompts import book_phrase, render
+from .repair import loop_reason, norm_title
+from .reply import Reply
+from .report import BackendFigures
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .metrics import MetricsSampler
+
+log = logging.getLogger("handbook")
+
+CONTINUATION_TOKENS = 96  # --finish-truncated: enough for the end of a sentence and one more
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the writing produced, however it ended.
+
+    ``stop`` says why it ended early: "interrupt" (Ctrl-C; requests in flight were let finish) or "all-down" (every
+    backend stopped answering; ``all_down_error`` says how); None when every section was asked for."""
+
+    outline: Outline | None  # None: stopped while planning
+    sections: dict[str, SectionText]  # path -> the section as written (or failed); absent: never finished
+    replies: tuple[tuple[str, Reply], ...]  # (kind, reply) of every attempt this run made
+    requests: int
+    resumed_sections: int  # answered from the journal
+    t_titles: float | None  # when the last title was known (None: planning never finished)
+    t_write_start: float | None  # the first section request sent ...
+    t_write_end: float | None  # ... and the last section request answered (None: none was)
+    server_counted: dict[str, Any] | None  # the servers' counters over the writing (None: nothing was written)
+    fleet: tuple[BackendFigures, ...]  # one per backend, in fleet order
+    stop: str | None = None
+    all_down_error: str | None = None
+
+
+def stopped_message(journal: Journal, why: str) -> str:
+    done = sum(1 for n in journal.nodes.values() if n.kind == "section") + journal.written_sections
+    return f"{why}; {done} finished section(s) are in {journal.path}: rerun the same command to resume"
+
+
+class Writer:
+    """One run's writing. ``stop`` is set while it runs: "interrupt", "cancel" (a second Ctrl-C) or "all-down"."""
+
+    def __init__(self, settings: Settings, profile: Profile, bus: Callable[[Event], None], journal: Journal, *,
+                 handle_sigint: bool):
+        self.settings = settings
+        self.profile = profile
+        self.bus = bus
+        self.journal = journal
+        self.handle_sigint = handle_sigint
+        self.stop: str | None = None
+        self.sections: dict[str, SectionText] = {}
+        self.resumed_sections = 0
+        self.t_write_start: float | None = None
+        self.t_write_end: float | None = None
+
+    async def run(self, fleet: Fleet, dispatcher: Dispatcher, planner: Planner, sampler: MetricsSampler) -> Written:
+        """Plan (unless the journal holds the outline) and write every section; return what exists."""
+        settings, bus, journal = self.settings, self.bus, self.journal
+        outline: Outline | None = journal.outline
+        t_titles: float | None = None
+        async with anyio.create_task_group() as bg:
+            await bg.start(fleet.run)
+            bg.start_soon(sampler.run)
+            with anyio.CancelScope() as writing:
+                bg.start_soon(self._watch_all_down, fleet, writing)
+                if self.handle_sigint:
+                    bg.start_soon(self._watch_sigint, fleet, writing, bg)
+                async with anyio.create_task_group() as work:
+
+                    def section_ready(book: str, part: str, chapter_path: str, chapter: str, si: int,
+                                      title: str) -> None:
+                        # pipeline: called the moment the title has streamed past in its chapter's list
+                        ref = SectionRef(f"{chapter_path}.{si}", book, part, chapter, title)
+                        work.start_soon(self._section, dispatcher, ref, _order_base(chapter_path, settings) + si)
+
+                    if outline is None:
+                        outline = await planner.plan(on_section=section_ready)
+                        journal.store_outline(outline)
+                        pipelined = settings.pipeline
+                    else:
+                        pipelined = False  # the journal's outline: every section can go at once
+                    t_titles = planner.t_titles_known or time.monotonic()
+                    bus(OutlineReady(outline, time.monotonic()))
+                    if not pipelined:
+                        for order, ref in enumerate(outline.sections()):
+                            work.start_soon(self._section, dispatcher, ref, order)
+            if self.stop == "cancel":
+                raise Interrupted(stopped_message(journal, "stopped at once (second Ctrl-C)"))
+            await sampler.sample_once()
+            bg.cancel_scope.cancel()
+        counted = None
+        if self.t_write_start is not None:
+            # Names the backends it covers (and why others are not), or says why nothing could be counted. The
+            # sampler has stopped: no later sample could fall in the window, whenever it is closed.
+            counted = sampler.counted(self.t_write_start, self.t_write_end or time.monotonic())
+        return Written(
+            outline=outline,
+            sections=self.sections,
+            replies=tuple(dispatcher.replies),
+            requests=dispatcher.requests,
+            resumed_sections=self.resumed_sections,
+            t_titles=t_titles,
+            t_write_start=self.t_write_start,
+            t_write_end=self.t_write_end,
+            server_counted=counted,
+            fleet=tuple(
+                BackendFigures(
+                    max_in_flight=load.max_in_flight, cap=load.cap, left_rotation=load.trips,
+                    probe_completions=load.client.probe_completions, probe_failures=load.client.probe_failures,
+                    probe_tokens=load.client.probe_tokens,
+                )
+                for load in fleet.loads
+            ),
+            stop=self.stop,
+            all_down_error=None if fleet.all_down_error is None else str(fleet.all_down_error),
+        )
+
+    async def _section(self, dispatcher: Dispatcher, ref: SectionRef, order: int) -> None:
+        settings, profile = self.settings, self.profile
+        text = render(
+            profile.section_template, settings.templates, book=ref.book, part=ref.part,
+            chapter=ref.chapter, section=ref.title, words=settings.words, book_phrase=book_phrase(ref.book),
+        )
+        messages = profile.messages(text)
+        check = SectionCheck(ref.title)
+
+        def build(client: BackendClient, attempt: int) -> dict:
+            if self.t_write_start is None:  # the first section request actually sent
+                self.t_write_start = time.monotonic()
+            if check.loop is not None:  # the one re-ask of a looping section: stronger settings
+                return client.body(messages, max_tokens=settings.max_tokens,
+                                   temperature=max(profile.temperature, profile.loop_temperature),
+                                   sampling=profile.loop_sampling())
+            return client.body(messages, max_tokens=settings.max_tokens, temperature=profile.temperature,
+                               sampling=profile.sampling())
+
+        # One lookup decides resuming: the journal answers this section only if it was written for this
+        # very title (Dispatcher.run); anything else is asked again. A stored section is taken as it was
+        # accepted (its repair note comes back with it).
+        outcome = await dispatcher.run(
+            ref.path, "section", ref.title, build, check, priority=(1, order),
+            restore=lambda stored: stored.value if isinstance(stored.value, dict) else {},
+            keep=lambda value: value,
+        )
+        r = outcome.reply
+        if outcome.attempts == 0:
+            self.resumed_sections += 1
+        elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
+            r = await self._finish(dispatcher, ref, messages, r, outcome.value)
+        repaired = (outcome.value or {}).get("repaired_from") if r.ok else None
+        self.sections[ref.path] = SectionText(
+            ref.path, ref.part, ref.chapter, ref.title,
+            r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend or None,
+            None if r.ok else f"failed after {outcome.attempts} attempts: {r.error}",
+            repaired_from=repaired,
+        )
+        if r.ok:
+            self.bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
+        if outcome.attempts:
+            self.t_write_end = time.monotonic()
+
+    async def _finish(self, dispatcher: Dispatcher, ref: SectionRef, messages: list[dict[str, str]], first: Reply,
+                      value: Any = None) -> Reply:
+        """``--finish-truncated``: one short continuation request for a section stopped by the token cap. The
+        section keeps finish_reason "length" (defects count it as truncated, as generated); book.md gets the
+        finished text. A failed continuation leaves the section as it was (cut back in book.md)."""
+        profile = self.profile
+        follow = [*messages, {"role": "assistant", "content": first.text},
+                  {"role": "user", "content": "Finish the last sentence and end the section in one or two more "
+                                              "sentences. Do not repeat anything."}]
+        out = await dispatcher.run(
+            ref.path, "section", ref.title,
+            lambda client, attempt: client.body(follow, max_tokens=CONTINUATION_TOKENS,
+                                                temperature=profile.temperature, sampling=profile.sampling()),
+            priority=(1, 0), journaled=False,  # the section is journaled already; the finished text replaces it
+        )
+        if not out.reply.ok:
+            return first
+        joiner = "" if first.text.endswith((" ", "\n")) or out.reply.text.startswith((" ", "\n")) else " "
+        done = replace(first, text=first.text + joiner + out.reply.text.strip(),
+                       completion_tokens=first.completion_tokens + out.reply.completion_tokens)
+        self.journal.record(ref.path, "section", ref.title, done, out.attempts + first.attempt, value)
+        return done
+
+    async def _watch_all_down(self, fleet: Fleet, writing: anyio.CancelScope) -> None:
+        """Every backend out of rotation for settings.all_down_timeout_s: stop writing (the journal is intact)."""
+        await fleet.all_down.wait()
+        if self.stop is None:
+            self.stop = "all-down"
+        fleet.stop()
+        writing.cancel()
+
+    async def _watch_sigint(self, fleet: Fleet, writing: anyio.CancelScope, bg: anyio.abc.TaskGroup) -> None:
+        """First Ctrl-C: dispatch nothing new, let requests in flight finish (a few seconds at most), then stop
+        writing. Second Ctrl-C: stop at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            receiver = anyio.open_signal_receiver(signal.SIGINT)
+            signals = receiver.__enter__()
+        except (NotImplementedError, ValueError, RuntimeError):
+            return
+        try:
+            async for _ in signals:
+                if self.stop is None:
+                    self.stop = "interrupt"
+                    log.warning(
+                        "interrupted: no new requests; waiting up to %g s for %d in flight, then writing what "
+                        "exists (Ctrl-C again to stop at once)", self.settings.interrupt_grace_s, fleet.in_flight,
+                    )
+                    fleet.stop()
+                    bg.start_soon(self._drain, fleet, writing)
+                else:
+                    self.stop = "cancel"
+                    writing.cancel()
+                    return
+        finally:
+            receiver.__exit__(None, None, None)
+
+    async def _drain(self, fleet: Fleet, writing: anyio.CancelScope) -> None:
+        with anyio.move_on_after(self.settings.interrupt_grace_s):
+            # The fleet keeps counts, not events; a few seconds of polling once per interrupt cost nothing.
+            while fleet.in_flight:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        writing.cancel()
+
+
+class SectionCheck:
+    """Validates a section reply (the Dispatcher retries what raises ValueError).
+
+    * A reply that holds nothing but headings repeating its own title (a small model printing the heading and
+      stopping) is empty: asked again like an empty answer.
+    * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
+      anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
+      too, and defects.json reports it. The value is ``{"repaired_from": why}`` (journaled with the section)."""
+
+    def __init__(self, title: str):
+        self.want = norm_title(title)
+        self.loop: str | None = None  # why the first answer looped, once it did
+
+    def __call__(self, reply: Reply) -> dict[str, str | None]:
+        if not any(s and norm_title(s) != self.want
+                   for s in (line.strip().strip("#*_=- ").strip() for line in reply.text.splitlines())):
+            raise ValueError("the reply only repeats the section heading")
+        if self.loop is None:
+            why = loop_reason(reply.text)
+            if why:
+                self.loop = why
+                raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
+        return {"repaired_from": self.loop}
+
+
+def _order_base(chapter_path: str, settings: Settings) -> int:
+    pi, ci = (int(x) for x in chapter_path.split("."))
+    return ((pi - 1) * settings.chapters + (ci - 1)) * (settings.sections + 1)
