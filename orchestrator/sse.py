@@ -1,8 +1,8 @@
 """The streaming hot path: the server-sent events of one streamed chat completion, read as they arrive.
 
 Section and planning requests are streamed with aiohttp + orjson rather than the openai SDK: the SDK's typed
-stream costs ~108 µs of CPU per SSE chunk on this kind of machine (shared/NOTES.md), aiohttp + orjson ~10 µs, and at 1,536 concurrent
-streams that difference decides whether one process keeps up with the fleet.
+stream costs ~108 µs of CPU per SSE chunk on this kind of machine (shared/NOTES.md), aiohttp + orjson ~10 µs,
+and at 1,536 concurrent streams that difference decides whether one process keeps up with the fleet.
 """
 
 from __future__ import annotations
