@@ -6,7 +6,7 @@
 An out dir is what a job writes (book.md, outline.json, stats.json, defects.json, journal.sqlite). Checked:
 
 - outline titles that are debris (:func:`orchestrator.repair.title_debris`, or the planner's own
-  :func:`orchestrator.plan.weak_title`): prompt words echoed back, markup and JSON fragments, numbering, dates,
+  :func:`orchestrator.planning.weak_title`): prompt words echoed back, markup and JSON fragments, numbering, dates,
   file names, copies of a parent's or the book's title, over-long lines, repeats under one parent; and titles
   that repeat an earlier title anywhere in the outline (reported apart: the reference run itself repeats 46 of
   its 1,536 section titles across chapters, so they are a defect to count, not debris);
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.plan import weak_title
+from orchestrator.planning import weak_title
 from orchestrator.repair import loop_reason, title_debris
 from orchestrator.repair import norm_title as norm
 

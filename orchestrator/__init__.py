@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
         BackendState,
         Delta,
         Event,
+        ForecastReady,
         JobFinished,
         JobStarted,
         LevelPlanned,
@@ -36,20 +37,23 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
     from .outline import Chapter, Outline, Part
     from .run import agenerate, generate
 
-# name -> the module that defines it
+# name -> the module that defines it (and, where the names differ, the name there)
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["PRESETS", "Backend", "Settings"], ".config"),
     **dict.fromkeys(["BackendError", "ConfigError", "HandbookError", "Interrupted", "PlanError"], ".errors"),
     **dict.fromkeys(
         [
-            "BackendState", "Delta", "Event", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample",
-            "NodeFailed", "NodeFinished", "NodeStarted", "OutlineReady",
+            "BackendState", "Delta", "Event", "ForecastReady", "JobFinished", "JobStarted", "LevelPlanned",
+            "MetricsSample", "NodeFailed", "NodeFinished", "NodeStarted", "OutlineReady",
         ],
         ".events",
     ),
     **dict.fromkeys(["Chapter", "Outline", "Part"], ".outline"),
     "Result": ".finish",
+    **dict.fromkeys(["Forecast", "StepFit"], ".forecasting"),
     **dict.fromkeys(["agenerate", "generate"], ".run"),
+    **dict.fromkeys(["aforecast", "aplan", "awrite", "plan", "write"], ".stepwise"),
+    "forecast": ".stepwise:forecast_of",  # the module orchestrator.forecasting is the model; this is the call
 }
 
 __all__ = [
@@ -61,6 +65,8 @@ __all__ = [
     "ConfigError",
     "Delta",
     "Event",
+    "Forecast",
+    "ForecastReady",
     "HandbookError",
     "Interrupted",
     "JobFinished",
@@ -76,16 +82,24 @@ __all__ = [
     "PlanError",
     "Result",
     "Settings",
+    "StepFit",
+    "aforecast",
     "agenerate",
+    "aplan",
+    "awrite",
+    "forecast",
     "generate",
+    "plan",
+    "write",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    module, _, attr = where.partition(":")
+    value = getattr(importlib.import_module(module, __name__), attr or name)
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -78,6 +78,13 @@ class Settings:
     system: str | None = None
     planning: str | None = None  # "json" or "list"
     finish_truncated: bool = False  # one short continuation request for a section stopped by the token cap
+    # The forecast (orchestrator/forecast.py): budgets choose the shape so the forecast fits them; ``ladder`` is a
+    # `handbook bench` ladder.json to take the step times from (else a short probe of the backends' counters);
+    # ``forecast`` asks for one without a budget. None of these is in the resume key: the shape they chose is.
+    pages: int | None = None
+    minutes: float | None = None
+    ladder: str | None = None
+    forecast: bool = False
 
     def __post_init__(self) -> None:
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):
@@ -87,6 +94,9 @@ class Settings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
                 raise ConfigError(f"{name} must be a non-negative number of seconds, got {v!r}")
+        if self.pages is not None:
+            check_positive_int("pages", self.pages)
+        _check_number("minutes", self.minutes, 0, 10_000, low_open=True)
         _check_number("temperature", self.temperature, 0, 2)
         _check_number("top_p", self.top_p, 0, 1, low_open=True)
         _check_number("repetition_penalty", self.repetition_penalty, 0, 3, low_open=True)
@@ -106,6 +116,10 @@ class Settings:
         if "md" not in formats:
             formats = ("md", *formats)  # book.md is always written: it is what everything else is made from
         object.__setattr__(self, "formats", formats)
+
+    @property
+    def wants_forecast(self) -> bool:
+        return bool(self.forecast or self.pages or self.minutes or self.ladder)
 
     def outline_key(self) -> dict[str, Any]:
         return {"parts": self.parts, "chapters": self.chapters, "sections": self.sections}

@@ -96,7 +96,7 @@ class Dispatcher:
         self, path: str, kind: str, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
         validate: Callable[[Reply], T], priority: tuple[int, int] = (1, 0), *,
         on_delta: Callable[[str], None] | None = None, restore: Callable[[StoredNode], T | None] | None = None,
-        keep: Callable[[T], Any] | None = None, journaled: bool = True,
+        keep: Callable[[T], Any] | None = None, journaled: bool = True, context: Any = None,
     ) -> Outcome[T]: ...
 
     async def run(
@@ -112,6 +112,7 @@ class Dispatcher:
         restore: Callable[[StoredNode], T | None] | None = None,
         keep: Callable[[T], Any] | None = None,
         journaled: bool = True,
+        context: Any = None,
     ) -> Outcome[T] | Outcome[None]:
         """``build(client, attempt)`` makes the request body; ``validate(reply)`` parses it or raises ValueError
         (an unusable reply is retried like an error). ``on_delta(text)``, when given, sees every content delta of
@@ -122,12 +123,16 @@ class Dispatcher:
         (``Journal.get``). ``restore(stored)`` turns it into the caller's value (planning nodes: the accepted
         titles), or returns None to ask again; without it the stored reply goes through ``validate`` like a fresh
         one. ``keep(value)`` gives the JSON-able value to journal with a node this run finishes. ``journaled=False``
-        neither asks nor writes the journal (a continuation of a node that is already in it)."""
+        neither asks nor writes the journal (a continuation of a node that is already in it). ``context`` (sections:
+        ``SectionRef.context``, which ``keep`` journals as the value's "context") lets a stored node answer wherever
+        an edited outline moved it (``Journal.get``); it is then recorded at ``path`` too."""
         journal = self.journal if journaled else None
-        stored = journal.get(path, kind, title) if journal is not None else None
+        stored = journal.get(path, kind, title, context) if journal is not None else None
         if stored is not None:
             resumed = self._resume(stored, validate, restore)
             if resumed is not None:
+                if journal is not None and stored.path != path:
+                    journal.move(stored, path)
                 return resumed
         if self.wants_deltas:
             on_delta = partial(self._delta, path, on_delta)

@@ -86,6 +86,20 @@ class OutlineReady:
 
 
 @dataclass(frozen=True)
+class ForecastReady:
+    """What the job is forecast to take (orchestrator.forecast), emitted before the first request when a forecast
+    was made (--pages, --minutes, --ladder, --forecast, or `handbook write` after `handbook plan`).
+    ``whole_job_s`` counts from JobStarted.t, as stats.json's whole_job_s does; ``forecast`` is forecast.json."""
+
+    whole_job_s: float
+    pages: int
+    sections: int
+    tokens: int
+    forecast: dict[str, Any]
+    t: float
+
+
+@dataclass(frozen=True)
 class BackendState:
     """A backend left or rejoined the rotation."""
 
@@ -124,6 +138,7 @@ Event = (
     | NodeFailed
     | LevelPlanned
     | OutlineReady
+    | ForecastReady
     | BackendState
     | MetricsSample
     | JobFinished

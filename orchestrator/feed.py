@@ -13,7 +13,8 @@ Events stream of JSON messages:
     first message of every connection (and reconnection): the header's state and the most recent sections.
 ``{"status": {...} | absent, "ops": [...], "final": {...} | absent}``
     what changed since the last message. ``status`` is ``JobState.snapshot()``; its rate is the servers'
-    (``MetricsSample.rate_tok_s``), never timed here. An op is one node's news, coalesced:
+    (``MetricsSample.rate_tok_s``), never timed here; its ``forecast`` is ``Eta.to_json()`` (``orchestrator.eta``)
+    when the job made a forecast, else null (and the page shows nothing about one). An op is one node's news, coalesced:
     ``{"p": path, "k": kind, "h": title, "a": attempt, "r": reset?, "x": text, "s": "done"|"retry"|"failed",
     "e": error, "g": gap?}`` (``g``: text of this node was dropped for this client, see below).
 

@@ -25,7 +25,7 @@ from .outline import Outline
 from .report import JobRecord, build_stats
 
 if TYPE_CHECKING:
-    from .write import Written
+    from .writing import Written
 
 log = logging.getLogger("handbook")
 
@@ -48,6 +48,17 @@ class Result:
 
 
 @dataclass(frozen=True)
+class Planned:
+    """What `handbook plan` produced: the outline (also in outline.md, for a person to edit, and outline.json),
+    its forecast (forecast.json; None when planning stopped early) and the files written."""
+
+    outline: Outline | None
+    forecast: dict[str, Any] | None
+    paths: dict[str, Path]
+    complete: bool
+
+
+@dataclass(frozen=True)
 class JobInfo:
     """What the runner knew of the job before the writing began."""
 
@@ -57,6 +68,7 @@ class JobInfo:
     backends: tuple[str, ...]  # the usable backends' URLs, in fleet order
     model: str
     t_start: float  # time.monotonic() when the job started
+    forecast: dict[str, Any] | None = None  # forecast.json, when a forecast was made
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
         fleet=written.fleet,
         model=job.model,
         interrupted=stop is not None,
+        forecast=job.forecast,
     )
     stats = build_stats(record)
     for warning in stats["warnings"]:  # e.g. a backend that sent no usage: tokens_written undercounts
@@ -120,6 +133,25 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     _write_stats(job.out_dir, stats, paths)
     paths["journal"] = journal_path
     return Draft(book, record, stats, defects, paths, failed, stop, status)
+
+
+def save_plan(job: JobInfo, written: Written, forecast: dict[str, Any] | None) -> Planned:
+    """outline.md, outline.json and forecast.json of a plan-only run (`handbook plan`)."""
+    from .outline_md import write_outline_md
+
+    paths: dict[str, Path] = {}
+    if written.outline is not None:
+        paths["outline"] = write_outline_md(written.outline, job.out_dir)
+        paths["outline_json"] = _write_json(job.out_dir / "outline.json", written.outline.to_json())
+    if forecast is not None:
+        paths["forecast"] = _write_json(job.out_dir / "forecast.json", forecast)
+    complete = written.outline is not None and written.stop is None
+    return Planned(written.outline, forecast, paths, complete)
+
+
+def _write_json(path: Path, data: Any) -> Path:
+    path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    return path
 
 
 async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None]) -> Result:

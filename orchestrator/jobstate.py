@@ -12,9 +12,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from .eta import Eta, job_eta
 from .events import (
     BackendState,
     Delta,
+    ForecastReady,
     JobFinished,
     JobStarted,
     LevelPlanned,
@@ -69,6 +71,7 @@ class JobState:
         self.nodes_failed: set[str] = set()
         self.retries = 0
         self.tokens_written = 0
+        self.tokens_asked = 0  # of tokens_written, those this run's requests wrote (what its forecast counts)
         self.active: dict[str, str] = {}  # node path -> backend of its attempt in flight
         self.inflight: dict[str, int] = {}  # backend -> attempts in flight
         self.errors: dict[str, int] = {}  # backend -> failed attempts
@@ -86,6 +89,11 @@ class JobState:
         self.finished = False
         self.complete: bool | None = None
         self.stats: dict[str, Any] | None = None
+        self.forecast: ForecastReady | None = None
+        self.writing = False  # a section request has begun
+        # (t, server tokens, tokens_asked) when the first section began: the live writing rate counts from here
+        self.write_base: tuple[float, float, int] | None = None
+        self.t_written: float | None = None  # when the last section was written (or lost)
 
     # -- folding events -------------------------------------------------------------------------------------------
 
@@ -110,16 +118,23 @@ class JobState:
             self.active[e.path] = e.backend
             self.inflight[e.backend] = self.inflight.get(e.backend, 0) + 1
             self._know(e.backend)
+            if e.kind == "section" and not self.writing:
+                self.writing = True
+                if self.last_sample is not None:
+                    self.write_base = (*self.last_sample, self.tokens_asked)
         elif isinstance(e, NodeFinished):
+            asked = e.path in self.active  # else the journal answered it: no attempt in this run
             self._end_attempt(e.path)
+            new = e.path not in (self.sections_done if e.kind == "section" else self.planned)
+            tokens = max(0, int(e.reply.completion_tokens or 0)) if new else 0
+            self.tokens_written += tokens
+            self.tokens_asked += tokens if asked else 0
             if e.kind == "section":
-                if e.path not in self.sections_done:
-                    self.tokens_written += max(0, int(e.reply.completion_tokens or 0))
                 self.sections_done.add(e.path)
                 self.sections_failed.discard(e.path)
-            elif e.path not in self.planned:
+                self._sections_over(e.t)
+            elif new:
                 self.planned.add(e.path)
-                self.tokens_written += max(0, int(e.reply.completion_tokens or 0))
                 self.plan_done += 1
         elif isinstance(e, NodeFailed):
             self._end_attempt(e.path)
@@ -129,6 +144,7 @@ class JobState:
                 self.nodes_failed.add(e.path)
                 if e.kind == "section":
                     self.sections_failed.add(e.path)
+                    self._sections_over(e.t)
                 self.last_failure = f"{e.kind} {e.path} {e.title!r}: {e.error}"
             else:
                 self.retries += 1
@@ -138,6 +154,8 @@ class JobState:
                 if self.first_sample is None:
                     self.first_sample = (e.t, float(e.tokens))
                 self.last_sample = (e.t, float(e.tokens))
+                if self.write_base is None and self.writing:
+                    self.write_base = (e.t, float(e.tokens), self.tokens_asked)
             self.rate = None if e.rate_tok_s is None else float(e.rate_tok_s)
             self.rate_t = e.t
             if e.rate_tok_s is not None:
@@ -158,6 +176,8 @@ class JobState:
                 self._plan_node_done(path)
         elif isinstance(e, BackendState):
             self.health[e.url] = (e.healthy, e.reason)
+        elif isinstance(e, ForecastReady):
+            self.forecast = e
         elif isinstance(e, JobStarted):
             self.prompt = e.prompt
             for url in e.backends:
@@ -194,6 +214,11 @@ class JobState:
             self.planned.add(path)
             self.plan_done += 1
             self.inferred.append(path)
+
+    def _sections_over(self, t: float) -> None:
+        accounted = len(self.sections_done) + len(self.sections_failed)
+        if self.t_written is None and self.sections_total is not None and accounted >= self.sections_total:
+            self.t_written = t
 
     def _end_attempt(self, path: str) -> None:
         backend = self.active.pop(path, None)
@@ -244,6 +269,10 @@ class JobState:
             return "server-counted"
         return f"server-counted ({k} of {n} backends)"
 
+    def eta(self) -> Eta | None:
+        """The forecast beside where the job stands (None when no forecast was made); see :class:`Eta`."""
+        return job_eta(self)
+
     def snapshot(self) -> dict[str, Any]:
         """The state as plain JSON-able data (what the feed's header shows)."""
         backends = []
@@ -289,4 +318,5 @@ class JobState:
             "all_down": None if all_down is None or all_down[0] else all_down[1],
             "finished": self.finished,
             "complete": self.complete,
+            "forecast": None if (eta := self.eta()) is None else eta.to_json(),
         }

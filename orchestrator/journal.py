@@ -62,6 +62,11 @@ class StoredNode:
     attempts: int
     value: Any = None  # planning nodes: {"title", "items"} as accepted (None in a schema-1 journal)
 
+    @property
+    def context(self) -> Any:
+        """A section's request context as journaled (``SectionRef.context``), None for older or planning nodes."""
+        return self.value.get("context") if self.kind == "section" and isinstance(self.value, dict) else None
+
     def reply(self) -> Reply:
         """The stored answer as a Reply (timed now: the original run's clock means nothing to this one)."""
         now = time.monotonic()
@@ -97,6 +102,11 @@ class Journal:
         self._lock = lock
         self.run_id = run_id
         self.nodes = nodes  # what earlier runs finished, by path
+        # sections by what their request was made from (title and SectionRef.context), wherever they stood: a
+        # section an edited outline.md moved is still the same section. A snapshot: this run's writes do not move it
+        self._by_context = {
+            (n.kind, n.title, dumps(n.context)): n for n in nodes.values() if n.context is not None
+        }
         self.outline = outline  # the outline an earlier run stored, if it got that far
         self._committed = committed  # path -> (label, Committed) of planning nodes that had not finished
         self.written = 0  # nodes this run wrote
@@ -161,11 +171,15 @@ class Journal:
 
     # -- reading ------------------------------------------------------------------------------------------------
 
-    def get(self, path: str, kind: str, title: str) -> StoredNode | None:
-        """The finished node at ``path`` if it was written for this very node: same kind *and* same title. A node
-        re-planned under another title is another node; its old text must not land under the new heading."""
+    def get(self, path: str, kind: str, title: str, context: Any = None) -> StoredNode | None:
+        """The finished node written for this very node: at ``path`` with the same kind *and* title (a node
+        re-planned under another title is another node; its old text must not land under the new heading). With a
+        ``context`` (sections: what the request is made from besides the title), a node stored with another
+        context does not answer, and one stored with this context answers from whatever path it was at."""
         n = self.nodes.get(path)
-        return n if n is not None and n.kind == kind and n.title == title else None
+        if n is not None and n.kind == kind and n.title == title and (context is None or n.context in (None, context)):
+            return n
+        return self._by_context.get((kind, title, dumps(context))) if context is not None else None
 
     def committed(self, path: str, label: str) -> Committed | None:
         """Titles the unfinished planning node ``path`` (titled ``label``) committed in an earlier run."""
@@ -220,6 +234,17 @@ class Journal:
         self.written += 1
         if kind == "section":
             self.written_sections += 1
+
+    def move(self, node: StoredNode, path: str) -> None:
+        """Record a stored node at its new ``path`` (an edited outline moved it), so the journal follows the outline
+        the book was made from. Not a write of this run: ``written`` does not count it."""
+        # from the snapshot, not the row: this run may already have written another node at the old path
+        self._write(
+            "INSERT OR REPLACE INTO nodes (path, kind, title, text, finish_reason, prompt_tokens, completion_tokens,"
+            " backend, attempts, finished_at, run, value) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (path, node.kind, node.title, node.text, node.finish_reason, node.prompt_tokens, node.completion_tokens,
+             node.backend, node.attempts, time.time(), self.run_id, None if node.value is None else dumps(node.value)),
+        )
 
     def end_run(self, status: str, requests: int) -> None:
         self._write("UPDATE runs SET ended_at = ?, status = ?, requests = ? WHERE id = ?",

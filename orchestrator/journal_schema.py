@@ -89,6 +89,28 @@ def open_db(
         raise
 
 
+def peek_job(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """The prompt and settings (as ``Settings.public``) a journal was made with, read without locking or changing
+    it; None when there is no journal at ``path``. ConfigError for a file that is not a readable handbook journal."""
+    if not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            conn.close()
+        if meta.get("app") != "handbook":
+            raise ValueError("no handbook meta")
+        settings = orjson.loads(meta["settings"])
+        if not isinstance(settings, dict):
+            raise ValueError("its settings are not a mapping")
+        return meta["prompt"], settings
+    except (sqlite3.Error, orjson.JSONDecodeError, KeyError, ValueError) as e:
+        why = " ".join(str(e).split())[:120] or type(e).__name__
+        raise ConfigError(f"{path} is not a readable handbook journal ({why})") from None
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.isolation_level = None

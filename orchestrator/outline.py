@@ -13,8 +13,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Chapter:
+    """``words``: per-section target lengths set by a person in outline.md, parallel to ``sections`` (None: the
+    job's ``--words``); empty when none is set."""
+
     title: str
     sections: tuple[str, ...] = ()
+    words: tuple[int | None, ...] = ()
+
+    def words_of(self, index: int) -> int | None:
+        """The words set for section ``index`` (0-based), or None."""
+        return self.words[index] if index < len(self.words) else None
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,8 @@ class Outline:
         for pi, part in enumerate(self.parts, 1):
             for ci, chapter in enumerate(part.chapters, 1):
                 for si, title in enumerate(chapter.sections, 1):
-                    yield SectionRef(f"{pi}.{ci}.{si}", self.title, part.title, chapter.title, title)
+                    yield SectionRef(f"{pi}.{ci}.{si}", self.title, part.title, chapter.title, title,
+                                     chapter.words_of(si - 1))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,7 +57,7 @@ class Outline:
             "parts": [
                 {
                     "title": p.title,
-                    "chapters": [{"title": c.title, "sections": list(c.sections)} for c in p.chapters],
+                    "chapters": [_chapter_json(c) for c in p.chapters],
                 }
                 for p in self.parts
             ],
@@ -62,7 +71,9 @@ class Outline:
                 Part(
                     title=p["title"],
                     chapters=tuple(
-                        Chapter(title=c["title"], sections=tuple(c.get("sections", ()))) for c in p.get("chapters", ())
+                        Chapter(title=c["title"], sections=tuple(c.get("sections", ())),
+                                words=tuple(c.get("words", ())))
+                        for c in p.get("chapters", ())
                     ),
                 )
                 for p in data.get("parts", ())
@@ -70,15 +81,28 @@ class Outline:
         )
 
 
+def _chapter_json(c: Chapter) -> dict[str, Any]:
+    out: dict[str, Any] = {"title": c.title, "sections": list(c.sections)}
+    if any(w is not None for w in c.words):  # only when a person set a length: outline.json stays as it was
+        out["words"] = [c.words_of(i) for i in range(len(c.sections))]
+    return out
+
+
 @dataclass(frozen=True)
 class SectionRef:
-    """One section to write: everything its request may carry."""
+    """One section to write: everything its request may carry (``words``: None for the job's ``--words``)."""
 
     path: str
     book: str
     part: str
     chapter: str
     title: str
+    words: int | None = None
+
+    def context(self, words: int) -> dict[str, Any]:
+        """What the section's request is made from besides its title, its path aside: a section whose context and
+        title are unchanged is the same section wherever the outline moved it (``handbook write`` after an edit)."""
+        return {"book": self.book, "part": self.part, "chapter": self.chapter, "words": words}
 
 
 def level_of(path: str) -> int:

@@ -5,7 +5,9 @@ Both views fold the job's one stream of events (``orchestrator.events``) into a
 Every rate shown is server-counted: it comes from :class:`~orchestrator.events.MetricsSample` events only, never
 from timing chunk arrivals on the client (the reference run's browser-timed "best second" read 9% high). A rate
 summed over only some backends (the others expose no token counter, or their scrape failed this round) is labelled
-"server-counted (k of n backends)", never shown as the fleet's.
+"server-counted (k of n backends)", never shown as the fleet's. A job that made a forecast
+(:class:`~orchestrator.events.ForecastReady`) has it shown beside the live figures, with the time still to go and
+what that rests on (``orchestrator.eta``); a job without one shows nothing about it.
 
     progress = Progress()            # rich.console.Console() by default
     with progress:                   # or progress.start() / progress.stop()
@@ -27,10 +29,12 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from .eta import Eta
 from .events import (
     BackendState,
     Delta,
     Event,
+    ForecastReady,
     JobFinished,
     JobStarted,
     LevelPlanned,
@@ -57,6 +61,35 @@ def _duration(s: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _secs(s: float) -> str:
+    """A forecast or ETA: tenths below ten seconds (a short job's forecast error is otherwise lost to rounding)."""
+    return f"{s:.1f}s" if s < 9.95 else _duration(s)
+
+
+def _eta_words(eta: Eta) -> str:
+    """The forecast beside where the job stands, in one phrase: ``forecast 41s · ETA 12s (by the forecast)``,
+    ``forecast 41s · 3s over``, and once finished ``forecast 41s, took 43s (+5%)``."""
+    head = f"forecast {_secs(eta.forecast_s)}"
+    if eta.took_s is not None:
+        pct = f" ({eta.error_pct:+.0f}%)" if eta.error_pct is not None else ""
+        return f"{head}, took {_secs(eta.took_s)}{pct}"
+    parts = [head]
+    if eta.over_s > 0:
+        parts.append(f"{_secs(eta.over_s)} over")
+    if eta.left_s is not None:
+        parts.append(f"ETA {_secs(eta.left_s)} ({eta.basis_text})")
+    return " · ".join(parts)
+
+
+def _closing_words(eta: Eta) -> str:
+    """The finished job against its forecast: ``forecast 41s, took 43s (+5%); 96 A5 pages forecast, 101 typeset``."""
+    line = _eta_words(eta)
+    if eta.pdf_pages is not None:
+        pct = f" ({eta.pages_error_pct:+.0f}%)" if eta.pages_error_pct is not None else ""
+        line += f"; {eta.pages:,} A5 pages forecast, {eta.pdf_pages:,} typeset{pct}"
+    return line
 
 
 class Progress:
@@ -109,6 +142,11 @@ class Progress:
                 return f"no backend answering: {e.reason}"
             what = "back in rotation" if e.healthy else "out of rotation"
             return f"backend {short_url(e.url)} {what}: {e.reason}"
+        if isinstance(e, ForecastReady):
+            return (
+                f"forecast: {_secs(e.whole_job_s)} for the whole job, {e.pages:,} A5 pages, "
+                f"{e.sections:,} sections, {e.tokens:,} tokens"
+            )
         if isinstance(e, NodeFailed) and e.final:
             return f"{e.kind} {e.path} {e.title!r} failed after {e.attempt} attempts: {e.error}"
         if isinstance(e, JobFinished):
@@ -156,7 +194,10 @@ class Progress:
         with self.state.lock:
             finished, complete = self.state.finished, self.state.complete
             failed = len(self.state.sections_failed)
+            eta = self.state.eta()
         if finished:
+            if eta is not None:
+                self._print(_closing_words(eta))
             verdict = "complete" if complete else f"finished with problems ({failed} failed sections)"
             self._print(f"job {verdict}")
 
@@ -207,6 +248,9 @@ class Progress:
             parts.append(f"in flight {sum(s.inflight.values())}" + (f" [{flights}]" if flights else ""))
             parts.append(f"retries {s.retries}")
             parts.append(f"failed {len(s.nodes_failed)}")
+            eta = s.eta()
+            if eta is not None:
+                parts.append(_eta_words(eta))
         return "  ".join(parts)
 
     # -- rich live display ----------------------------------------------------------------------------------------
@@ -248,8 +292,13 @@ class Progress:
                 sec.add_row(ProgressBar(total=None, width=32), Text("waiting for the outline"))
             grid.add_row("sections", sec)
 
+            eta = s.eta()
             tok = Text(f"{s.tokens_written:,} written")
+            if eta is not None:
+                tok.append(f" · {eta.tokens:,} forecast", style="dim")
             grid.add_row("tokens", tok)
+            if eta is not None:
+                grid.add_row("forecast", self._forecast_row(eta))
 
             rate = Text()
             if s.samples == 0:
@@ -291,3 +340,23 @@ class Progress:
                 )
             notes = Text("\n".join(self._notes), style="dim")
         return Group(head, grid, fleet, notes)
+
+    @staticmethod
+    def _forecast_row(eta: Eta) -> Text:
+        row = Text()
+        row.append(_secs(eta.forecast_s), style="bold")
+        row.append(f" whole job · {eta.pages:,} A5 pages · {eta.sections:,} sections", style="dim")
+        if eta.took_s is not None:
+            row.append(f"   took {_secs(eta.took_s)}", style="bold")
+            if eta.error_pct is not None:
+                row.append(f" ({eta.error_pct:+.0f}%)", style="green" if abs(eta.error_pct) <= 10 else "yellow")
+            if eta.pdf_pages is not None:
+                row.append(f" · {eta.pdf_pages:,} A5 pages typeset")
+            return row
+        if eta.over_s > 0:
+            row.append(f"   {_secs(eta.over_s)} over", style="bold yellow")
+        if eta.left_s is not None:
+            row.append("   ETA ")
+            row.append(_secs(eta.left_s), style="bold cyan")
+            row.append(f" ({eta.basis_text})", style="dim")
+        return row

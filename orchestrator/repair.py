@@ -224,7 +224,7 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
     placeholder ("Section 3"), a title with no letter, and a repeat of an earlier sibling. Titles that merely
     contain digits, slashes or a version ("HTTP/2 and gRPC", "Python 3.12 Features", "The 12-Factor App") pass.
 
-    Stricter than :func:`orchestrator.plan.weak_title` (the planner's gate, which must also salvage a book from a
+    Stricter than :func:`orchestrator.planning.weak_title` (the planner's gate, which must also salvage a book from a
     small model's replies): this one is the quality checker's, applied to the finished outline.
     """
     t = " ".join(title.split())

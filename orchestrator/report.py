@@ -49,6 +49,7 @@ class JobRecord:
     typeset_s: float | None = None
     pdf_pages: int | None = None
     typeset_error: str | None = None  # why book.html/book.pdf could not be made
+    forecast: dict[str, Any] | None = None  # forecast.json of this run, when one was made
 
 
 def build_stats(rec: JobRecord) -> dict[str, Any]:
@@ -115,7 +116,23 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     }
     if rec.typeset_error is not None:
         stats["typeset_error"] = rec.typeset_error
+    if rec.forecast is not None:
+        stats["forecast"] = {**rec.forecast, "error": forecast_error(rec.forecast, stats)}
     return stats
+
+
+def forecast_error(forecast: dict[str, Any], stats: dict[str, Any]) -> dict[str, float | None]:
+    """How far the job landed from its forecast, as (actual - forecast) / forecast: + is slower or longer. Pages
+    are known once the PDF is typeset (None before, or without a PDF)."""
+
+    def rel(actual: Any, expected: Any) -> float | None:
+        if not isinstance(actual, int | float) or not isinstance(expected, int | float) or expected <= 0:
+            return None
+        return round(actual / expected - 1, 4)
+
+    return {"whole_job_s": rel(stats["whole_job_s"], forecast.get("whole_job_s")),
+            "pages": rel(stats["pdf_pages"], forecast.get("pages")),
+            "tokens": rel(stats["tokens_written"], forecast.get("tokens"))}
 
 
 def usage_warnings(rec: JobRecord) -> list[str]:

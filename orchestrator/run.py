@@ -1,7 +1,7 @@
 """The job: plan -> dispatch -> assemble -> typeset -> report, with one stream of events to every consumer.
 
 ``generate``/``agenerate`` are the library's entry points. A job discovers its backends, writes every section
-(``orchestrator.write``), then saves and typesets the book (``orchestrator.finish``).
+(``orchestrator.writing``), then saves and typesets the book (``orchestrator.finish``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,15 +24,19 @@ from .client import BackendClient, discover
 from .config import Backend, Settings, slugify, unique_backends
 from .dispatch import Dispatcher
 from .errors import BackendError, ConfigError, HandbookError, unwrap
-from .events import Event, JobStarted
-from .finish import JobInfo, Result, publish, save_book
+from .events import Event, ForecastReady, JobStarted
+from .finish import JobInfo, Planned, Result, publish, save_book, save_plan
 from .fleet import Fleet
+from .forecasting import StepFit
+from .forecasting import forecast as forecast_of
+from .job_forecast import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
 from .journal import Journal
 from .osutil import prepare_out_dir, raise_open_file_limit
-from .plan import Planner
+from .outline import Outline
+from .planning import Planner
 from .profiles import resolve_profile
 from .prompts import render
-from .write import Writer, stopped_message
+from .writing import Writer, stopped_message
 
 log = logging.getLogger("handbook")
 
@@ -101,6 +107,34 @@ async def agenerate(
     dispatching, lets requests in flight finish for ``settings.interrupt_grace_s`` and returns what exists with
     ``Result.interrupted``; a second raises Interrupted at once. Off by default: a library call inside someone
     else's event loop leaves their signals alone."""
+    result = await session(prompt, backends, settings, out, on_event, Mode(), deltas=deltas, fresh=fresh,
+                           handle_sigint=handle_sigint)
+    assert isinstance(result, Result)
+    return result
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a session does: the whole job (the default); ``plan_only``: the outline and its forecast (`handbook
+    plan`); ``outline``: write this outline instead of planning one (`handbook write`, from outline.md)."""
+
+    plan_only: bool = False
+    outline: Outline | None = None
+
+
+async def session(
+    prompt: str,
+    backends: Sequence[Backend | str] | None,
+    settings: Settings | None,
+    out: str | os.PathLike | None,
+    on_event: Callable[[Event], None] | Sequence[Callable[[Event], None]] | None,
+    mode: Mode,
+    *,
+    deltas: bool = False,
+    fresh: bool = False,
+    handle_sigint: bool = False,
+) -> Result | Planned:
+    """The one way a job runs, for ``agenerate``, ``aplan`` and ``awrite`` (orchestrator.stepwise)."""
     settings = settings or Settings()
     if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("the prompt is empty: say what the book should be about")
@@ -113,26 +147,47 @@ async def agenerate(
         consumers.extend(on_event)
     bus = _Bus(consumers)
 
-    # The journal is opened before any backend is asked: another job's journal is bad input, found at once.
-    journal = Journal.open(out_dir, prompt, settings, fresh=fresh)
-    job = _Job(prompt, settings, out_dir, bus, journal, deltas=deltas, handle_sigint=handle_sigint)
-    try:
-        if not backends:
-            from .engine import LocalEngine  # the embedded default: a real model on the CPU
+    # The journal is opened before any backend is asked: another job's journal is bad input, found at once. Only
+    # a budget to fit (--pages, --minutes) waits for the backends: the shape it chooses is part of the journal's key.
+    budgeted = bool(settings.pages or settings.minutes)
+    budget = None if fresh or not budgeted else Budget.from_journal(out_dir, prompt, settings)
+    if budget is not None:
+        settings = budget.settings
 
-            async with LocalEngine(on_progress=_engine_progress) as engine:
-                assert engine.url is not None  # set on entering
-                return await job.run([Backend(engine.url, cap=settings.cap)])
-        bk = unique_backends([b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends])
-        return await job.run(bk)
+    def job_for(settings: Settings, budget: Budget | None) -> _Job:
+        journal = Journal.open(out_dir, prompt, settings, fresh=fresh)
+        return _Job(prompt, settings, out_dir, bus, journal, mode, budget=budget, deltas=deltas,
+                    handle_sigint=handle_sigint)
+
+    job = job_for(settings, budget) if budget is not None or not budgeted else None
+    try:
+        async with backends_up(backends, settings) as bk:
+            if job is None:
+                budget = await Budget.fit(settings, await discover_all(bk, settings), out_dir)
+                job = job_for(budget.settings, budget)
+            return await job.run(bk)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
         if inner is group:
             raise
         raise inner from None
     finally:
-        journal.end_run(job.status, job.requests)
-        journal.close()
+        if job is not None:
+            job.journal.end_run(job.status, job.requests)
+            job.journal.close()
+
+
+@asynccontextmanager
+async def backends_up(backends: Sequence[Backend | str] | None, settings: Settings) -> AsyncIterator[list[Backend]]:
+    """The backends asked for, or the embedded local engine (started here, stopped on leaving) when none is."""
+    if backends:
+        yield unique_backends([b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends])
+        return
+    from .engine import LocalEngine  # the embedded default: a real model on the CPU
+
+    async with LocalEngine(on_progress=_engine_progress) as engine:
+        assert engine.url is not None  # set on entering
+        yield [Backend(engine.url, cap=settings.cap)]
 
 
 def generate(
@@ -166,7 +221,7 @@ def generate(
     )
 
 
-async def _discover_all(backends: list[Backend], settings: Settings) -> list[tuple[Backend, str]]:
+async def discover_all(backends: list[Backend], settings: Settings) -> list[tuple[Backend, str]]:
     found: list[tuple[Backend, str] | HandbookError] = [None] * len(backends)  # type: ignore[list-item]
     timeout = min(settings.connect_timeout_s, DISCOVER_TIMEOUT_S)
 
@@ -194,12 +249,14 @@ async def _discover_all(backends: list[Backend], settings: Settings) -> list[tup
 
 
 class _Job:
-    """One run of a job: discover the backends, write the sections (``orchestrator.write``), then save and typeset
+    """One run of a job: discover the backends, write the sections (``orchestrator.writing``), then save and typeset
     the book (``orchestrator.finish``). ``status`` ends up as complete / incomplete / interrupted / aborted (for
     the journal)."""
 
-    def __init__(self, prompt: str, settings: Settings, out_dir: Path, bus: _Bus, journal: Journal, *,
-                 deltas: bool, handle_sigint: bool):
+    def __init__(self, prompt: str, settings: Settings, out_dir: Path, bus: _Bus, journal: Journal, mode: Mode, *,
+                 budget: Budget | None, deltas: bool, handle_sigint: bool):
+        self.mode = mode
+        self.budget = budget
         self.prompt = prompt
         self.settings = settings
         self.out_dir = out_dir
@@ -210,16 +267,20 @@ class _Job:
         self.status = "aborted"
         self.requests = 0
 
-    async def run(self, backends: list[Backend]) -> Result:
+    async def run(self, backends: list[Backend]) -> Result | Planned:
         from .metrics import MetricsSampler
 
         settings, bus, journal = self.settings, self.bus, self.journal
-        usable = await _discover_all(backends, settings)
+        usable = await discover_all(backends, settings)
         journal.check_model(",".join(sorted({model for _, model in usable})))
         caps = ensure_open_files([b.cap for b, _ in usable])
         urls = tuple(b.url for b, _ in usable)
+        fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
         t_start = time.monotonic()
         bus(JobStarted(self.prompt, urls, settings.public(), t_start))
+        if forecast is not None:
+            bus(ForecastReady(forecast["whole_job_s"], forecast["pages"], forecast["sections"], forecast["tokens"],
+                              forecast, time.monotonic()))
         profile = resolve_profile(settings, usable[0][1])
         render(profile.section_template, settings.templates, book="", part="", chapter="", section="", words=1,
                book_phrase="")  # a broken template fails now, not after planning
@@ -231,7 +292,8 @@ class _Job:
             sampler = MetricsSampler(urls, interval=settings.metrics_interval_s, on_sample=bus)
             planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, profile=profile)
             try:
-                written = await writer.run(fleet, dispatcher, planner, sampler)
+                written = await writer.run(fleet, dispatcher, planner, sampler, outline=self.mode.outline,
+                                           plan_only=self.mode.plan_only)
             except BaseException:
                 if writer.stop == "cancel":  # a second Ctrl-C: Interrupted
                     self.status = "interrupted"
@@ -239,7 +301,12 @@ class _Job:
             self.requests = written.requests
         plan_levels = [n - r for n, r in zip(planner.level_requests, dispatcher.resumed_levels, strict=False)]
 
-        job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start)
+        job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast)
+        if self.mode.plan_only:
+            self.status = "planned" if written.outline is not None and written.stop is None else "interrupted"
+            planned = None if written.outline is None else forecast_json(
+                forecast_of(written.outline, settings, fits, planned=True), self.budget)
+            return save_plan(job, written, planned)
         draft = save_book(job, written, tuple(plan_levels), journal.path)
         self.status = draft.status
         journal.end_run(self.status, self.requests)
@@ -247,6 +314,23 @@ class _Job:
         if written.stop == "all-down":
             raise BackendError(stopped_message(journal, str(written.all_down_error)))
         return result
+
+
+    async def _forecast(self, usable: list[tuple[Backend, str]]) -> tuple[list[StepFit], dict[str, Any] | None]:
+        """The forecast of this run: of what is left to write when the outline is known (written from outline.md, or
+        resumed), else of the whole shape, planning included."""
+        settings, journal = self.settings, self.journal
+        wanted = settings.wants_forecast or self.mode.plan_only or (
+            self.mode.outline is not None and (self.out_dir / FORECAST_FILE).exists())
+        if not wanted:
+            return [], None
+        fits = await fits_for(usable, settings, self.out_dir, self.budget)
+        if self.mode.plan_only:
+            return fits, None  # forecast after planning, of the outline it made (save_plan)
+        outline = self.mode.outline or journal.outline
+        done = set() if outline is None else written_paths(outline, journal, settings)
+        fc = forecast_of(outline, settings, fits, planned=outline is not None, done=done)
+        return fits, forecast_json(fc, self.budget)
 
 
 class _clients:

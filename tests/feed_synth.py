@@ -2,9 +2,11 @@
 
 Used by the progress and feed tests (and to take docs/feed.png). Planning level by level, then every section
 streamed as deltas over a few fake backends with a per-backend cap, one retry, a hostile section, server-counted
-MetricsSample events from a fake token counter, and a JobFinished with stats.json-shaped stats.
+MetricsSample events from a fake token counter, and a JobFinished with stats.json-shaped stats. Given
+``forecast_s``, a ForecastReady (forecast.json-shaped) comes before the first request, as a job that made a forecast
+sends one.
 
-    python tests/feed_synth.py            # serve the feed with a slow synthetic job, print its address
+    python tests/feed_synth.py [PORT [FORECAST_S]]   # serve the feed with a slow synthetic job, print its address
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import anyio
 
 from orchestrator.events import (
     Delta,
+    ForecastReady,
     JobFinished,
     JobStarted,
     LevelPlanned,
@@ -79,6 +82,8 @@ async def synthetic_job(
     fail_path: str | None = None,
     seed: int = 7,
     between: Callable[[], Any] | None = None,
+    forecast_s: float | None = None,
+    pdf_pages: int | None = None,
 ) -> dict[str, Any]:
     """Run a synthetic job, sending every event to ``emit``; return the stats it finished with."""
     rng = random.Random(seed)
@@ -87,6 +92,8 @@ async def synthetic_job(
     t0 = time.monotonic()
     settings = {"parts": parts, "chapters": chapters, "sections": sections, "cap": cap, "words": words}
     emit(JobStarted("Write me a complete software engineering handbook", tuple(backends), settings, t0))
+    if forecast_s is not None:
+        emit(synthetic_forecast(forecast_s, parts * chapters * sections, words, backends))
     stats: dict[str, Any] = {"requests": 0, "request_errors": 0, "tokens_written": 0}
     per_backend = {b: {"url": b, "sections": 0, "tokens": 0, "errors": 0} for b in backends}
     history: list[tuple[float, int]] = []
@@ -229,7 +236,7 @@ async def synthetic_job(
         "words": n * words,
         "pages_at_300_words": round(n * words / 300),
         "typeset_s": 0.0,
-        "pdf_pages": None,
+        "pdf_pages": pdf_pages,
         "requests": stats["requests"],
         "planning_requests": 1 + parts + parts * chapters,
         "request_errors": stats["request_errors"],
@@ -244,6 +251,19 @@ async def synthetic_job(
     return final_stats
 
 
+def synthetic_forecast(whole_job_s: float, sections: int, words: int, backends: tuple[str, ...]) -> ForecastReady:
+    """A forecast.json-shaped forecast for the synthetic job (its prose runs about 1.3 tokens a word)."""
+    tokens = round(sections * words * 1.3)
+    pages = max(1, round(sections * words / 260))
+    forecast = {
+        "sections": sections, "tokens": tokens, "pages": pages, "whole_job_s": whole_job_s, "words": sections * words,
+        "plan_s": round(whole_job_s * 0.15, 2), "write_s": round(whole_job_s * 0.8, 2),
+        "per_backend": [{"url": b, "sections": sections // len(backends)} for b in backends],
+        "inputs": {"fit": "synthetic", "words": words},
+    }
+    return ForecastReady(whole_job_s, pages, sections, tokens, forecast, time.monotonic())
+
+
 if __name__ == "__main__":  # a slow synthetic job behind a real feed, for a look in a browser
     import sys
 
@@ -254,7 +274,7 @@ if __name__ == "__main__":  # a slow synthetic job behind a real feed, for a loo
             print("live feed:", feed.url, flush=True)
             await synthetic_job(feed, parts=3, chapters=4, sections=6, cap=8, backends=(
                 "http://gpu1:8000/v1", "http://gpu2:8000/v1", "http://gpu3:8000/v1", "http://gpu4:8000/v1"),
-                chunk_delay=0.05, words=200)
+                chunk_delay=0.05, words=200, forecast_s=float(sys.argv[2]) if len(sys.argv) > 2 else 40.0)
             await feed.linger()
 
     anyio.run(main)

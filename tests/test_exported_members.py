@@ -12,10 +12,10 @@ import pytest
 
 EXPORTED = {
     "orchestrator": [
-        "PRESETS", "Backend", "BackendError", "BackendState", "Chapter", "ConfigError", "Delta", "Event",
-        "HandbookError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample", "NodeFailed",
-        "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "Part", "PlanError", "Result", "Settings",
-        "agenerate", "generate",
+        "PRESETS", "Backend", "BackendError", "BackendState", "Chapter", "ConfigError", "Delta", "Event", "Forecast",
+        "ForecastReady", "HandbookError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample",
+        "NodeFailed", "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "Part", "PlanError", "Result",
+        "Settings", "StepFit", "aforecast", "agenerate", "aplan", "awrite", "forecast", "generate", "plan", "write",
     ],
     "orchestrator.typeset": ["TypesetInfo", "typeset", "typeset_to"],
     "orchestrator.bench": [
@@ -27,7 +27,7 @@ EXPORTED = {
         "engine_python", "engine_status", "install", "model_dir", "model_ok", "prepare_model", "require_engine_python",
         "resolve_cache_dir", "running_engine_url", "start_background", "stop_background", "stop_process",
     ],
-    "orchestrator.plan": [
+    "orchestrator.planning": [
         "Planner", "SectionCallback", "TitleStream", "Titles", "book_title_from_prompt", "extract_titles",
         "parse_titles", "weak_title",
     ],
@@ -35,6 +35,9 @@ EXPORTED = {
         "FAMILIES", "GENERATION_METRIC", "PROMPT_METRIC", "RUNNING_METRIC", "WAITING_METRIC", "Counters",
         "MetricsSampler", "Point", "ServerFamily", "counter_increase", "metrics_url", "parse_metrics",
         "server_counted", "unavailable",
+    ],
+    "orchestrator.forecasting": [
+        "Forecast", "StepFit", "fit_budget", "fits_from_ladder", "forecast", "probe_fits",
     ],
     "orchestrator.cli": ["main"],
     "orchestrator.sim": ["SimFleet"],
@@ -55,6 +58,7 @@ def test_the_top_level_names_are_the_ones_their_modules_define() -> None:
     from orchestrator import events, run
 
     assert orchestrator.generate is run.generate
+    assert callable(orchestrator.plan) and callable(orchestrator.write) and callable(orchestrator.forecast)
     assert orchestrator.Event == events.Event
     with pytest.raises(AttributeError):
         _ = orchestrator.no_such_name  # type: ignore[attr-defined]

@@ -23,9 +23,9 @@ import anyio
 import anyio.lowlevel
 import orjson
 import pytest
-from feed_synth import HOSTILE, synthetic_job
+from feed_synth import HOSTILE, synthetic_forecast, synthetic_job
 
-from orchestrator.events import Delta, JobFinished, MetricsSample, NodeFinished, NodeStarted
+from orchestrator.events import Delta, JobFinished, JobStarted, MetricsSample, NodeFinished, NodeStarted
 from orchestrator.feed import Feed
 from orchestrator.reply import Reply
 from orchestrator.resources import bundled_templates
@@ -132,13 +132,17 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
             mid["rate"] = await page.text_content("#rate")
             mid["phase"] = await page.text_content("#phase")
             mid["fleet"] = await page.locator("#fleet .be").count()
+            mid["forecast_shown"] = await page.locator("#forecast-card").is_visible()
+            mid["eta_label"] = await page.text_content("#eta-label")
+            mid["eta"] = await page.text_content("#eta")
+            mid["forecast"] = await page.text_content("#forecast-sub")
             await page.screenshot(path=str(ARTIFACTS / "feed-midrun.png"))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_mid_run)
             stats = await synthetic_job(
                 feed, parts=2, chapters=2, sections=4, cap=3, words=160, chunk_delay=0.03,
-                hostile_path="1.1.2", retry_path="2.1.1",
+                hostile_path="1.1.2", retry_path="2.1.1", forecast_s=60.0, pdf_pages=9,
             )
             job_done.set()
 
@@ -148,6 +152,10 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
         assert int(str(mid["rate"]).replace(",", "")) > 0
         assert all(t for t in mid["titles"])  # type: ignore[union-attr]
         assert any("First Principles" in t or "in Practice" in t for t in mid["titles"])  # type: ignore[union-attr]
+        # The job made a forecast: it is shown beside the live figures, with the time still to go.
+        assert mid["forecast_shown"] is True and mid["eta_label"] == "forecast · ETA"
+        assert re.fullmatch(r"[0-9]+s|[0-9]+m[0-9]{2}s", str(mid["eta"])), mid["eta"]
+        assert mid["forecast"] == "forecast 1m00s · 10 A5 pages"
 
         # After the job: the final stats table, and the header says it finished.
         await page.wait_for_selector("body[data-finished=yes]")
@@ -159,6 +167,10 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
         assert await page.text_content("#sections-done") == "16"
         assert await page.text_content("#phase") == "finished"
         assert (await page.text_content("#verdict")).startswith("Complete")
+        # ...and at the end, how good the forecast was.
+        assert await page.text_content("#eta-label") == "forecast · took"
+        assert re.fullmatch(r"forecast 1m00s, took [0-9.]+s \(-[0-9]+%\)", await page.text_content("#eta-basis"))
+        assert await page.text_content("#forecast-sub") == "10 A5 pages forecast, 9 typeset (-10%)"
 
         # The hostile section is shown as text; nothing in it ran.
         hostile = page.locator("#feed .entry").filter(has=page.locator(".path", has_text=re.compile(r"^1\.1\.2$")))
@@ -186,6 +198,9 @@ async def test_a_browser_that_arrives_late_sees_recent_sections_and_the_final_st
             await page.wait_for_selector("body[data-finished=yes]")
             assert await page.locator("#feed .entry:not(.plan)").count() == 6
             assert await page.text_content("#sections-done") == "6"
+            # No forecast was made: the page says nothing about one.
+            assert await page.locator("#forecast-card").is_hidden()
+            assert "ETA" not in await page.inner_text("header")  # what is rendered, hidden parts aside
             hostile = page.locator("#feed .entry").filter(has=page.locator(".path", has_text="1.2.3"))
             assert await hostile.locator(".text").text_content() == HOSTILE
             assert await page.locator("#feed img").count() == 0
@@ -298,6 +313,25 @@ async def test_a_stalled_browser_neither_slows_the_job_nor_grows_memory():
     sock.close()
 
 
+async def test_the_status_carries_the_forecast_once_one_came():
+    async with (
+        Feed(port=0, flush_interval=0.01) as feed,
+        aiohttp.ClientSession() as http,
+        http.get(feed.url + "events") as resp,
+    ):
+        messages = read_messages(resp)
+        assert (await anext(messages))["status"]["forecast"] is None
+        backends = ("http://a:1/v1",)
+        feed(JobStarted("p", backends, {}, time.monotonic()))
+        feed(synthetic_forecast(90.0, 16, 200, backends))
+        while (msg := await anext(messages)).get("status", {}).get("forecast") is None:
+            pass
+        f = msg["status"]["forecast"]
+        assert (f["forecast_s"], f["pages"], f["sections"], f["tokens"]) == (90.0, 12, 16, 4160)
+        assert f["basis"] == "forecast" and f["basis_text"] == "by the forecast" and 89 < f["left_s"] <= 90
+        assert f["took_s"] is None and f["over_s"] == 0
+
+
 async def test_linger_times_out_and_close_ends_it():
     async with Feed(port=0, linger=0.2) as feed:
         t = time.monotonic()
@@ -339,6 +373,7 @@ async def test_page_loads_nothing_from_the_network_and_forbids_inline_handlers(t
         async with http.get(feed.url + "status") as resp:
             body = await resp.json()
             assert body["final"] is None and body["status"]["sections_done"] == 0
+            assert body["status"]["forecast"] is None
     # --templates DIR overrides the page.
     (tmp_path / "feed.html.j2").write_text(template.replace("<body", "<!-- custom marker --><body"))
     async with (

@@ -14,8 +14,8 @@ from orchestrator.config import Backend
 from orchestrator.dispatch import Dispatcher
 from orchestrator.events import LevelPlanned, NodeStarted
 from orchestrator.fleet import Fleet
-from orchestrator.plan import Planner, TitleStream, extract_titles, parse_titles
-from orchestrator.plan.stream import Expansion
+from orchestrator.planning import Planner, TitleStream, extract_titles, parse_titles
+from orchestrator.planning.stream import Expansion
 from orchestrator.sim.launch import SimFleet
 
 
@@ -215,7 +215,7 @@ def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path
 
 
 def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
-    from orchestrator.plan import parse_titles
+    from orchestrator.planning import parse_titles
     from orchestrator.repair import norm_title as norm
 
     avoid = frozenset({norm("Software Engineering Handbook"), norm("Testing")})
@@ -241,7 +241,7 @@ def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
 
 
 def test_a_rambling_title_is_reasked_not_sent_on():
-    from orchestrator.plan import parse_titles
+    from orchestrator.planning import parse_titles
 
     ramble = "Programming Language Fundamentals, " + ", ".join(f"{i}. Cloud Computing" for i in range(1, 40))
     with pytest.raises(ValueError, match=r"too long|over 12 words"):
@@ -251,7 +251,7 @@ def test_a_rambling_title_is_reasked_not_sent_on():
 
 
 def test_the_last_attempt_salvages_distinct_titles_from_earlier_replies():
-    from orchestrator.plan import parse_titles
+    from orchestrator.planning import parse_titles
 
     with pytest.raises(ValueError, match="duplicate"):
         parse_titles("1. Alpha\n2. Alpha\n3. Beta", 3, False)
@@ -266,7 +266,7 @@ def test_the_last_attempt_salvages_distinct_titles_from_earlier_replies():
 
 
 def test_json_debris_and_number_chains_are_not_titles():
-    from orchestrator.plan import weak_title
+    from orchestrator.planning import weak_title
 
     for junk in ("{", 'items": [', "1.1.1.1.1.1", "42"):
         assert weak_title(junk, frozenset()), junk

@@ -14,6 +14,7 @@ from rich.console import Console
 from orchestrator.events import (
     BackendState,
     Delta,
+    ForecastReady,
     JobFinished,
     JobStarted,
     LevelPlanned,
@@ -118,6 +119,9 @@ def test_plain_lines_off_a_terminal():
     assert "retries 1" in last and "failed 1" in last
     assert "in flight 0 " in periodic[-1]
     assert lines[-1] == "job finished with problems (1 failed sections)"
+    # No forecast was made: nothing about one (no empty figure, no "ETA ?").
+    assert "forecast" not in text and "ETA" not in text
+    assert progress.state.eta() is None and progress.state.snapshot()["forecast"] is None
 
 
 def test_plain_line_before_the_outline_and_without_server_counters():
@@ -149,6 +153,7 @@ def test_rich_live_display_on_a_terminal():
                  "retries", "1 failed"):
         assert word in plain, word
     assert "finished with problems (1 failed sections)" in plain
+    assert "forecast" not in plain and "ETA" not in plain  # this job made no forecast
     # Rendering straight away (no events at all) works too.
     Console(file=StringIO(), force_terminal=True, width=60).print(Progress(console)._render())
 
@@ -213,3 +218,149 @@ def test_a_rate_over_some_backends_is_labelled_as_such():
     progress(MetricsSample(3.0, 2610.0, 1000.0, whole))
     assert "backends)" not in progress.plain_line()
     assert progress.state.snapshot()["rate_label"] == "server-counted"
+
+
+# -- the forecast beside the live figures ---------------------------------------------------------------------------
+
+FORECAST = {"sections": 4, "tokens": 4000, "pages": 20, "whole_job_s": 40.0, "plan_s": 5.0, "write_s": 30.0,
+            "words": 3000, "per_backend": [], "inputs": {"fit": "test"}}
+
+
+def counted(t: float, tokens: float, rate: float = 100.0, partial: bool = False) -> MetricsSample:
+    per = {A: {"tokens": tokens, "running": 1.0, "waiting": 0.0}}
+    if partial:
+        per[B] = {"tokens": None, "running": 1.0, "waiting": 0.0}
+    return MetricsSample(t, tokens, rate, per)
+
+
+def forecast_job(partial: bool = False) -> list:
+    """A job forecast at 40 s (5 s planning, 30 s writing, 5 s after), 4,000 tokens, 20 A5 pages."""
+    return [
+        JobStarted("p", (A,), {"cap": 8}, 100.0),
+        ForecastReady(40.0, 20, 4, 4000, FORECAST, 100.0),
+        counted(101.0, 0.0, partial=partial),
+    ]
+
+
+def test_the_eta_goes_by_the_forecast_then_leans_on_the_servers_rate():
+    s = JobState()
+    for e in forecast_job():
+        s.update(e)
+    eta = s.eta()
+    assert eta is not None and (eta.forecast_s, eta.pages, eta.tokens) == (40.0, 20, 4000)
+    assert (eta.left_s, eta.basis, eta.over_s) == (39.0, "forecast", 0.0)
+    s.update(LevelPlanned(3, 1, 104.0))
+    s.update(NodeStarted("1.1.1", "section", "s1", A, 1, 105.0))  # writing begins: the rate counts from here
+    s.update(counted(102.5, 0.0))
+    s.update(counted(106.0, 500.0))
+    # 500 tokens in 5 s: 3,500 left take 35 s, plus the forecast's 5 s after writing -> 46 s by the live rate;
+    # an eighth of the forecast tokens is written, so an eighth of the weight goes to it.
+    eta = s.eta()
+    assert eta.basis == "forecast + live rate"
+    assert eta.left_s == pytest.approx(0.875 * 40 + 0.125 * 46 - 6)
+    assert eta.forecast_s == 40.0  # the forecast itself is never revised
+    s.update(counted(145.0, 3000.0))  # past the forecast: the live rate alone says what is left
+    eta = s.eta()
+    assert eta.basis == "live rate" and eta.over_s == pytest.approx(5.0)
+    assert eta.left_s == pytest.approx(1000 / (3000 / 44) + 5)
+    s.update(NodeFinished("1.1.1", "section", "s1", reply(A, 3900), 150.0))
+    s.update(counted(152.0, 3900.0))
+    eta = s.eta()  # every section is in: the forecast's 5 s after writing, less the 2 s they have had
+    assert (eta.basis, eta.left_s) == ("after writing", pytest.approx(3.0))
+    s.update(JobFinished({"whole_job_s": 56.0, "pdf_pages": 21}, True, 156.0))
+    eta = s.eta()
+    assert (eta.took_s, eta.left_s, eta.basis) == (56.0, 0.0, "took")
+    assert eta.error_pct == pytest.approx(40.0) and eta.pages_error_pct == pytest.approx(5.0)
+    snap = s.snapshot()["forecast"]
+    assert snap["forecast_s"] == 40.0 and snap["took_s"] == 56.0 and snap["error_pct"] == 40.0
+    assert snap["pdf_pages"] == 21 and snap["basis_text"] == "finished"
+
+
+def test_a_rate_over_part_of_the_fleet_is_not_used_for_the_eta():
+    s = JobState()
+    for e in forecast_job(partial=True):
+        s.update(e)
+    s.update(NodeStarted("1.1.1", "section", "s1", A, 1, 105.0))
+    s.update(counted(110.0, 900.0, partial=True))
+    eta = s.eta()
+    assert (eta.basis, eta.left_s) == ("forecast", 30.0)
+    s.update(counted(141.0, 1000.0, partial=True))
+    eta = s.eta()  # past the forecast with nothing trustworthy to go by: how far over, and no guess
+    assert eta.left_s is None and eta.over_s == pytest.approx(1.0)
+
+
+def test_plain_lines_show_the_forecast_beside_the_live_figures():
+    out = StringIO()
+    progress = Progress(Console(file=out, force_terminal=False, width=300), plain_interval=60)
+    with progress:
+        for e in forecast_job():
+            progress(e)
+        assert progress.plain_line().endswith("forecast 40s · ETA 39s (by the forecast)")
+        progress(NodeStarted("1.1.1", "section", "s1", A, 1, 105.0))
+        progress(counted(106.0, 500.0))
+        assert "forecast 40s · ETA 34s (forecast + the servers' writing rate)" in progress.plain_line()
+        progress(counted(145.0, 3000.0))
+        assert "forecast 40s · 5.0s over · ETA 19s (at the servers' writing rate)" in progress.plain_line()
+        progress(JobFinished({"whole_job_s": 46.0, "pdf_pages": 21}, True, 146.0))
+    lines = out.getvalue().splitlines()
+    assert "forecast: 40s for the whole job, 20 A5 pages, 4 sections, 4,000 tokens" in lines
+    assert "forecast 40s, took 46s (+15%)" in lines[-3]  # the closing plain line
+    assert lines[-2] == "forecast 40s, took 46s (+15%); 20 A5 pages forecast, 21 typeset (+5%)"
+    assert lines[-1] == "job complete"
+
+
+def test_the_live_display_shows_the_forecast_and_the_eta():
+    progress = Progress(Console(file=StringIO(), force_terminal=True), plain_interval=60)
+    for e in forecast_job():
+        progress(e)
+    progress(NodeStarted("1.1.1", "section", "s1", A, 1, 105.0))
+    progress(counted(106.0, 500.0))
+
+    def text() -> str:
+        console = Console(record=True, width=140, file=StringIO())
+        console.print(progress._render())
+        return console.export_text()
+
+    view = text()
+    assert "tokens    0 written · 4,000 forecast" in view, view
+    assert "forecast  40s whole job · 20 A5 pages · 4 sections   ETA 34s (forecast + the servers' writing rate)" in view
+    progress(counted(145.0, 3000.0))
+    assert "5.0s over   ETA 19s (at the servers' writing rate)" in text()
+    progress(JobFinished({"whole_job_s": 38.0}, True, 138.0))
+    assert "40s whole job · 20 A5 pages · 4 sections   took 38s (-5%)" in text()
+
+
+def test_a_resumed_job_measures_its_forecast_against_what_it_writes():
+    # The forecast of a resumed job counts only the sections left to write; the journal's answers (NodeFinished
+    # with no attempt in this run) are not progress against it.
+    s = JobState()
+    s.update(JobStarted("p", (A,), {}, 100.0))
+    s.update(LevelPlanned(3, 4, 100.0))
+    s.update(ForecastReady(40.0, 10, 2, 2000, FORECAST, 100.0))
+    s.update(NodeFinished("1.1.1", "section", "s1", reply(A, 900), 100.1))
+    s.update(NodeFinished("1.1.2", "section", "s2", reply(A, 900), 100.1))
+    assert (s.tokens_written, s.tokens_asked) == (1800, 0)
+    s.update(counted(101.0, 0.0))
+    s.update(NodeStarted("1.1.3", "section", "s3", A, 1, 102.0))
+    s.update(counted(106.0, 500.0))
+    eta = s.eta()  # a quarter of the 2,000 tokens left is written: 1,500 more at 100 tok/s, then 5 s after writing
+    assert eta.basis == "forecast + live rate"
+    assert eta.left_s == pytest.approx(0.75 * 40 + 0.25 * (6 + 15 + 5) - 6)
+    s.update(JobFinished({"whole_job_s": 30.0, "pdf_pages": 21}, True, 130.0))
+    eta = s.eta()
+    assert eta.took_s == 30.0 and eta.error_pct == pytest.approx(-25.0)
+    assert eta.pdf_pages is None  # the PDF is the whole book's, the forecast was of half of it
+
+
+def test_a_live_display_of_a_forecast_job_closes_with_how_good_the_forecast_was():
+    out = StringIO()
+    progress = Progress(Console(file=out, force_terminal=True, width=160, height=40, color_system="truecolor"))
+    with progress:
+        anyio.run(lambda: synthetic_job(progress, parts=1, chapters=2, sections=3, chunk_delay=0.002, words=40,
+                                        forecast_s=30.0, pdf_pages=3))
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "forecast  30s whole job · 1 A5 pages · 6 sections" in plain
+    lines = plain.splitlines()
+    assert re.fullmatch(r"forecast 30s, took [0-9.]+s \(-[0-9]+%\); 1 A5 pages forecast, 3 typeset \(\+200%\)",
+                        lines[-2]), lines[-2]
+    assert lines[-1] == "job complete"

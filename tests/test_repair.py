@@ -380,7 +380,7 @@ def test_book_quality_counts_a_crafted_out_dir(tmp_path, capsys):
 def test_the_planners_gate_passes_every_simulated_outline_title():
     """The planner's title gate (debris, copies and near copies of a parent) must not re-ask any node of the
     published take: its plan stays 1 -> 8 -> 96 with 105 planning requests."""
-    from orchestrator.plan import weak_title
+    from orchestrator.planning import weak_title
     from orchestrator.repair import norm_title as norm
 
     book, parts = published_take()

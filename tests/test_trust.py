@@ -274,7 +274,7 @@ MESSY = [
 
 @pytest.mark.parametrize(("text", "title", "items"), MESSY)
 def test_titles_are_parsed_out_of_what_models_really_send(text, title, items):
-    from orchestrator.plan import extract_titles, parse_titles
+    from orchestrator.planning import extract_titles, parse_titles
 
     assert extract_titles(text) == (title, items)
     got = parse_titles(text, 3, want_title=True)  # more than asked: trimmed; no book title: not a failure
@@ -282,7 +282,7 @@ def test_titles_are_parsed_out_of_what_models_really_send(text, title, items):
 
 
 def test_the_stream_never_commits_what_the_final_parse_rejects():
-    from orchestrator.plan import TitleStream, extract_titles
+    from orchestrator.planning import TitleStream, extract_titles
 
     for text, _, _ in MESSY:
         ts = TitleStream()
@@ -293,14 +293,14 @@ def test_the_stream_never_commits_what_the_final_parse_rejects():
 
 
 def test_too_few_titles_is_asked_again_not_padded_with_prose():
-    from orchestrator.plan import parse_titles
+    from orchestrator.planning import parse_titles
 
     with pytest.raises(ValueError, match="expected 3 titles"):
         parse_titles("Here are the titles:\n1. Alpha\n2. Beta\nI hope these help.", 3, False)
 
 
 def test_book_title_falls_back_to_one_made_from_the_prompt():
-    from orchestrator.plan import book_title_from_prompt
+    from orchestrator.planning import book_title_from_prompt
 
     assert book_title_from_prompt("Write me a complete software engineering handbook. Every topic, with "
                                   "examples.") == "Software Engineering Handbook"

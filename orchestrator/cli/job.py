@@ -6,6 +6,8 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -37,15 +39,61 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="handbook",
         description="One prompt in, a book out: plan an outline, write every section in parallel over "
-        "OpenAI-compatible servers, assemble Markdown and an A5 PDF. Subcommands: sim, bench, typeset, engine.",
+        "OpenAI-compatible servers, assemble Markdown and an A5 PDF. Subcommands: plan, write, sim, bench, "
+        "typeset, engine.",
     )
-    p.add_argument("prompt", nargs="?", help="what the book is about (may come from --preset or --config)")
+    add_job_arguments(p)
+    return p
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return v
+
+
+def add_forecast_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ladder", metavar="LADDER.json",
+                   help="take the forecast's step times from a `handbook bench` ladder.json (default: a short probe "
+                   "of each backend's counters)")
+    p.add_argument("--forecast", action="store_true",
+                   help="forecast the job (time, tokens, A5 pages) before it starts and show the ETA")
+
+
+def add_connection_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", action="append", metavar="URL",
                    help="OpenAI-compatible base URL ending in /v1; repeatable (default: $HANDBOOK_BACKENDS, "
                    "else the embedded local engine)")
     p.add_argument("--model", help="model name (default: the first model the backend lists)")
     p.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY, else EMPTY); never printed")
     p.add_argument("--cap", type=positive_int, help="in-flight cap per backend (default 256)")
+
+
+def add_display_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", help="any of md,html,pdf (default md,pdf)")
+    p.add_argument("--feed", nargs="?", const=0, type=int, metavar="PORT",
+                   help="serve the live feed on 127.0.0.1 (a free port unless given) and print its address")
+    p.add_argument("--feed-linger", type=float, metavar="S",
+                   help="keep the feed up S seconds after the job (default: until Ctrl-C)")
+    p.add_argument("--attempts", type=positive_int, help="attempts per request (default 8)")
+    p.add_argument("--first-token-timeout", type=float, metavar="S", help="seconds to wait for a first token")
+    p.add_argument("--chunk-timeout", type=float, metavar="S", help="seconds to wait between streamed chunks")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The main job's flags (`handbook plan` takes the same)."""
+    p.add_argument("prompt", nargs="?", help="what the book is about (may come from --preset or --config)")
+    add_connection_arguments(p)
+    add_forecast_arguments(p)
+    p.add_argument("--pages", type=positive_int, metavar="N",
+                   help="choose parts, chapters, sections and words so the forecast book has about N A5 pages")
+    p.add_argument("--minutes", type=non_negative_float, metavar="M",
+                   help="choose the largest book the forecast says these backends write within M minutes")
     p.add_argument("--parts", type=positive_int, help="parts in the book (default 8)")
     p.add_argument("--chapters", type=positive_int, help="chapters per part (default 12)")
     p.add_argument("--sections", type=positive_int, help="sections per chapter (default 16)")
@@ -69,25 +117,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), help="published-take: every setting of the reference run")
     p.add_argument("--config", metavar="FILE.toml", help="a job file; flags override it")
     p.add_argument("--out", metavar="DIR", help="output directory (default ./handbook-out/<slug of the prompt>)")
-    p.add_argument("--format", help="any of md,html,pdf (default md,pdf)")
-    p.add_argument("--feed", nargs="?", const=0, type=int, metavar="PORT",
-                   help="serve the live feed on 127.0.0.1 (a free port unless given) and print its address")
-    p.add_argument("--feed-linger", type=float, metavar="S",
-                   help="keep the feed up S seconds after the job (default: until Ctrl-C)")
+    add_display_arguments(p)
     p.add_argument("--fresh", action="store_true", help="ignore an existing journal in --out (default: resume)")
     p.add_argument("--no-pipeline", action="store_true",
                    help="plan strictly level by level before writing (the reference run's order)")
-    p.add_argument("--attempts", type=positive_int, help="attempts per request (default 8)")
-    p.add_argument("--first-token-timeout", type=float, metavar="S", help="seconds to wait for a first token")
-    p.add_argument("--chunk-timeout", type=float, metavar="S", help="seconds to wait between streamed chunks")
     p.add_argument("--templates", metavar="DIR", help="a folder overriding the bundled templates")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
-    return p
 
 
-def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argparse.Namespace]:
+def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], Any, str | None, argparse.Namespace]:
     """Flags -> (prompt, backends, settings, out, args). Raises ConfigError for anything wrong."""
-    args = parser().parse_args(argv)
+    args = parser().parse_args(argv) if isinstance(argv, list) else argv
     values: dict[str, Any] = {}
     preset = args.preset
     job: dict[str, Any] = {}
@@ -107,6 +146,7 @@ def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argpa
         "templates": args.templates, "out": args.out, "profile": args.profile, "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
         "system": args.system, "planning": args.planning, "finish_truncated": args.finish_truncated or None,
+        "pages": args.pages, "minutes": args.minutes, "ladder": args.ladder, "forecast": args.forecast or None,
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})
     if args.format:
@@ -124,6 +164,20 @@ def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argpa
     if "api_key" not in values and os.environ.get("OPENAI_API_KEY"):
         values["api_key"] = os.environ["OPENAI_API_KEY"]
 
+    backends = backends_of(args, values)
+    if not backends and not any(k in values for k in (*SHAPE, "pages", "minutes")):
+        values.update(LOCAL_DEFAULT_SHAPE)
+        print(
+            "handbook: no backend given: using the embedded local engine with a small book "
+            "(3 parts x 3 chapters x 4 sections); ask for more with --parts/--chapters/--sections or --pages",
+            file=sys.stderr,
+        )
+    settings = settings_from(values)
+    return str(prompt), backends, settings, values.get("out"), args
+
+
+def backends_of(args: argparse.Namespace, values: dict[str, Any]) -> list[Backend]:
+    """--backend flags, else the job file's backends, else $HANDBOOK_BACKENDS; empty: the embedded engine."""
     urls: list[Any] = list(args.backend or [])
     if not urls:
         raw = values.get("backends", values.get("backend"))
@@ -143,23 +197,28 @@ def resolve(argv: list[str]) -> tuple[str, list[Backend], Any, str | None, argpa
             backends.append(Backend(u["url"], cap=u.get("cap", cap), model=u.get("model")))
         else:
             backends.append(Backend(str(u), cap=cap))
-    if not backends and not any(k in values for k in SHAPE):
-        values.update(LOCAL_DEFAULT_SHAPE)
-        print(
-            "handbook: no backend given: using the embedded local engine with a small book "
-            "(3 parts x 3 chapters x 4 sections); ask for more with --parts/--chapters/--sections",
-            file=sys.stderr,
-        )
-    settings = settings_from(values)
-    return str(prompt), backends, settings, values.get("out"), args
+    return backends
 
 
 def run_job_cli(argv: list[str]) -> int:
-    logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
     prompt, backends, settings, out, args = resolve(argv)
+    return run_with_displays(partial(_generate, prompt, backends, settings, out, args.fresh), settings, args, report)
+
+
+def _generate(prompt, backends, settings, out, fresh, on_event, deltas):
+    from ..run import agenerate
+
+    return agenerate(prompt, backends, settings, out, on_event=on_event, deltas=deltas, fresh=fresh,
+                     handle_sigint=True)
+
+
+def run_with_displays(call, settings, args: argparse.Namespace, report: Callable[[Any], int]) -> int:
+    """Run ``call(on_event, deltas)`` (a job, a plan, a write) under the terminal progress and the live feed as
+    the flags ask; ``report(result)`` prints the outcome and gives the exit code."""
+    logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
     done: dict[str, int] = {}
     try:
-        anyio.run(_run_with_displays, prompt, backends, settings, out, args, done)
+        anyio.run(_run_with_displays, call, settings, args, report, done)
     except KeyboardInterrupt:
         if "code" in done:  # the job had finished; Ctrl-C only closed the lingering feed
             return done["code"]
@@ -233,19 +292,19 @@ def _count(v: Any) -> int:
     return v.get("count", 0) if isinstance(v, dict) else int(v or 0)
 
 
-async def _run_with_displays(prompt, backends, settings, out, args, done: dict[str, int]) -> None:
+async def _run_with_displays(call, settings, args, report, done: dict[str, int]) -> None:
     """Run the job with the terminal progress (unless --quiet) and, with --feed, the live browser feed;
     print the report, then keep the feed up as asked."""
     from contextlib import AsyncExitStack
 
-    from ..run import agenerate
-
-    consumers: list[Any] = []
+    consumers: list[Any] = [_say_budget]
+    progress = None
     async with AsyncExitStack() as stack:
         if not args.quiet:
             from ..progress import Progress
 
-            consumers.append(stack.enter_context(Progress()))
+            progress = stack.enter_context(Progress())
+            consumers.append(progress)
         feed = None
         if args.feed is not None:
             from ..feed import Feed
@@ -255,12 +314,19 @@ async def _run_with_displays(prompt, backends, settings, out, args, done: dict[s
             )
             print(f"handbook: live feed at {feed.url}", file=sys.stderr, flush=True)
             consumers.append(feed)
-        result = await agenerate(prompt, backends, settings, out, on_event=consumers or None,
-                                 deltas=feed is not None, fresh=args.fresh, handle_sigint=True)
-        if consumers and not args.quiet:
-            consumers[0].stop()
+        result = await call(consumers, feed is not None)
+        if progress is not None:
+            progress.stop()
         done["code"] = report(result)
         if feed is not None:
             if args.feed_linger is None:
                 print(f"handbook: the feed stays up at {feed.url} until Ctrl-C", file=sys.stderr, flush=True)
             await feed.linger()
+
+
+def _say_budget(event: Any) -> None:
+    """The shape a --pages/--minutes budget chose, said before the job starts writing."""
+    from ..events import ForecastReady
+
+    if isinstance(event, ForecastReady) and event.forecast.get("budget"):
+        print(f"handbook: {event.forecast['budget']}", file=sys.stderr, flush=True)

@@ -12,6 +12,8 @@ import sys
 from ..errors import HandbookError, unwrap
 
 SUBCOMMANDS = {
+    "plan": ("orchestrator.cli.plan", "plan the book only: DIR/outline.md to review and edit, DIR/forecast.json"),
+    "write": ("orchestrator.cli.write", "write the book of DIR/outline.md as edited, resuming DIR's journal"),
     "sim": ("orchestrator.cli.sim", "start N simulated GPU servers (vLLM-like) on 127.0.0.1"),
     "bench": ("orchestrator.cli.bench", "throughput ladder against servers, read from their counters"),
     "typeset": ("orchestrator.cli.typeset", "typeset existing Markdown into an A5 PDF"),

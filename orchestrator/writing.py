@@ -11,6 +11,7 @@ BackendError once what exists is on disk).
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -29,7 +30,7 @@ from .events import Event, NodeFinished, OutlineReady
 from .fleet import Fleet
 from .journal import Journal
 from .outline import Outline, SectionRef
-from .plan import Planner
+from .planning import Planner
 from .profiles import Profile
 from .prompts import book_phrase, render
 from .repair import loop_reason, norm_title
@@ -88,10 +89,15 @@ class Writer:
         self.t_write_start: float | None = None
         self.t_write_end: float | None = None
 
-    async def run(self, fleet: Fleet, dispatcher: Dispatcher, planner: Planner, sampler: MetricsSampler) -> Written:
-        """Plan (unless the journal holds the outline) and write every section; return what exists."""
+    async def run(self, fleet: Fleet, dispatcher: Dispatcher, planner: Planner, sampler: MetricsSampler, *,
+                  outline: Outline | None = None, plan_only: bool = False) -> Written:
+        """Plan (unless ``outline`` is given, as `handbook write` gives outline.md, or the journal holds one) and
+        write every section (none with ``plan_only``: `handbook plan`); return what exists."""
         settings, bus, journal = self.settings, self.bus, self.journal
-        outline: Outline | None = journal.outline
+        if outline is not None:
+            journal.store_outline(outline)  # the outline the book is made from, as a person edited it
+        else:
+            outline = journal.outline
         t_titles: float | None = None
         async with anyio.create_task_group() as bg:
             await bg.start(fleet.run)
@@ -109,14 +115,14 @@ class Writer:
                         work.start_soon(self._section, dispatcher, ref, _order_base(chapter_path, settings) + si)
 
                     if outline is None:
-                        outline = await planner.plan(on_section=section_ready)
+                        outline = await planner.plan(on_section=None if plan_only else section_ready)
                         journal.store_outline(outline)
                         pipelined = settings.pipeline
                     else:
                         pipelined = False  # the journal's outline: every section can go at once
                     t_titles = planner.t_titles_known or time.monotonic()
                     bus(OutlineReady(outline, time.monotonic()))
-                    if not pipelined:
+                    if not pipelined and not plan_only:
                         for order, ref in enumerate(outline.sections()):
                             work.start_soon(self._section, dispatcher, ref, order)
             if self.stop == "cancel":
@@ -152,9 +158,13 @@ class Writer:
 
     async def _section(self, dispatcher: Dispatcher, ref: SectionRef, order: int) -> None:
         settings, profile = self.settings, self.profile
+        words = ref.words or settings.words
+        # a length set in outline.md scales the token cap with it (never below the job's own cap)
+        max_tokens = max(settings.max_tokens, math.ceil(settings.max_tokens * words / settings.words))
+        context = ref.context(words)
         text = render(
             profile.section_template, settings.templates, book=ref.book, part=ref.part,
-            chapter=ref.chapter, section=ref.title, words=settings.words, book_phrase=book_phrase(ref.book),
+            chapter=ref.chapter, section=ref.title, words=words, book_phrase=book_phrase(ref.book),
         )
         messages = profile.messages(text)
         check = SectionCheck(ref.title)
@@ -163,25 +173,25 @@ class Writer:
             if self.t_write_start is None:  # the first section request actually sent
                 self.t_write_start = time.monotonic()
             if check.loop is not None:  # the one re-ask of a looping section: stronger settings
-                return client.body(messages, max_tokens=settings.max_tokens,
+                return client.body(messages, max_tokens=max_tokens,
                                    temperature=max(profile.temperature, profile.loop_temperature),
                                    sampling=profile.loop_sampling())
-            return client.body(messages, max_tokens=settings.max_tokens, temperature=profile.temperature,
+            return client.body(messages, max_tokens=max_tokens, temperature=profile.temperature,
                                sampling=profile.sampling())
 
-        # One lookup decides resuming: the journal answers this section only if it was written for this
-        # very title (Dispatcher.run); anything else is asked again. A stored section is taken as it was
-        # accepted (its repair note comes back with it).
+        # One lookup decides resuming: the journal answers this section only if it was written for this very
+        # title and context (book, part, chapter, words: Dispatcher.run), wherever an edited outline moved it;
+        # anything else is asked again. A stored section is taken as it was accepted (its repair note comes back).
         outcome = await dispatcher.run(
             ref.path, "section", ref.title, build, check, priority=(1, order),
-            restore=lambda stored: stored.value if isinstance(stored.value, dict) else {},
-            keep=lambda value: value,
+            restore=lambda stored: _accepted(stored.value), keep=lambda value: {**value, "context": context},
+            context=context,
         )
         r = outcome.reply
         if outcome.attempts == 0:
             self.resumed_sections += 1
         elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
-            r = await self._finish(dispatcher, ref, messages, r, outcome.value)
+            r = await self._finish(dispatcher, ref, messages, r, {**(outcome.value or {}), "context": context})
         repaired = (outcome.value or {}).get("repaired_from") if r.ok else None
         self.sections[ref.path] = SectionText(
             ref.path, ref.part, ref.chapter, ref.title,
@@ -288,3 +298,8 @@ class SectionCheck:
 def _order_base(chapter_path: str, settings: Settings) -> int:
     pi, ci = (int(x) for x in chapter_path.split("."))
     return ((pi - 1) * settings.chapters + (ci - 1)) * (settings.sections + 1)
+
+
+def _accepted(value: Any) -> dict[str, Any]:
+    """A stored section's accepted value (its repair note), without the context it was journaled with."""
+    return {k: v for k, v in value.items() if k != "context"} if isinstance(value, dict) else {}

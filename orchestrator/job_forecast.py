@@ -1,0 +1,106 @@
+"""The forecast inside a job: where the step times come from, fitting the shape to a budget, and what is left to
+write. The model itself is :mod:`orchestrator.forecasting`; this module only gathers its inputs.
+
+Step times, first found wins: a budget already fitted this session; ``--ladder FILE`` (a `handbook bench`
+ladder.json); the fits recorded in ``DIR/forecast.json`` by an earlier ``handbook plan`` when they name exactly
+these backends and caps; else a short probe of the backends' own counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .config import Backend, Settings
+from .errors import ConfigError
+from .forecasting import Forecast, StepFit, fit_budget, fits_from_ladder, probe_fits
+from .journal import FILENAME as JOURNAL_FILE
+from .journal import Journal
+from .journal_schema import peek_job
+from .outline import Outline
+
+__all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "written_paths"]
+
+log = logging.getLogger("handbook")
+
+FORECAST_FILE = "forecast.json"
+_SHAPE = ("parts", "chapters", "sections", "words")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A shape chosen for ``--pages`` / ``--minutes``: the settings it gives, what it rests on and one sentence
+    saying what was chosen (printed by the CLI, kept in forecast.json as ``budget``)."""
+
+    settings: Settings
+    sentence: str
+    fits: tuple[StepFit, ...] = ()
+    forecast: Forecast | None = None
+
+    @classmethod
+    def from_journal(cls, out_dir: Path, prompt: str, settings: Settings) -> Budget | None:
+        """The shape an earlier run of this very job (same prompt, same budget) chose, so that rerunning the
+        command resumes its journal instead of fitting again to a slightly different shape."""
+        peeked = peek_job(out_dir / JOURNAL_FILE)
+        if peeked is None or peeked[0] != prompt:
+            return None
+        old = peeked[1]
+        if old.get("pages") != settings.pages or old.get("minutes") != settings.minutes:
+            return None
+        try:
+            chosen = replace(settings, **{k: old[k] for k in _SHAPE})
+        except (KeyError, TypeError, ConfigError):
+            return None
+        p, c, s, w = (getattr(chosen, k) for k in _SHAPE)
+        return cls(chosen, f"budget: the shape this job chose before, {p} parts x {c} chapters x {s} sections "
+                           f"at {w} words (kept to resume its journal)")
+
+    @classmethod
+    async def fit(cls, settings: Settings, usable: list[tuple[Backend, str]], out_dir: Path) -> Budget:
+        fits = await fits_for(usable, settings, out_dir)
+        chosen, forecast, sentence = fit_budget(settings, fits, pages=settings.pages, minutes=settings.minutes)
+        return cls(chosen, f"budget: {sentence}", tuple(fits), forecast)
+
+
+async def fits_for(usable: list[tuple[Backend, str]], settings: Settings, out_dir: Path,
+                   budget: Budget | None = None) -> list[StepFit]:
+    if budget is not None and budget.fits:
+        return list(budget.fits)
+    backends = [b for b, _ in usable]
+    if settings.ladder:
+        return fits_from_ladder(settings.ladder, backends)
+    recorded = _recorded_fits(out_dir / FORECAST_FILE, backends)
+    if recorded is not None:
+        return recorded
+    return await probe_fits(usable, settings)
+
+
+def _recorded_fits(path: Path, backends: list[Backend]) -> list[StepFit] | None:
+    """The fits an earlier forecast.json recorded, when they are for exactly these backends and caps."""
+    try:
+        data = orjson.loads(path.read_bytes())
+        fits = [StepFit(**f) for f in data["inputs"]["fits"]]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    if [(f.url, f.cap) for f in fits] != [(b.url, b.cap) for b in backends]:
+        return None
+    return [replace(f, source=f"{path.name} ({f.source})") for f in fits]
+
+
+def written_paths(outline: Outline, journal: Journal, settings: Settings) -> set[str]:
+    """The sections of ``outline`` the journal answers (same title and context): no time or tokens in a forecast of
+    this run, but pages in the book."""
+    return {ref.path for ref in outline.sections()
+            if journal.get(ref.path, "section", ref.title, ref.context(ref.words or settings.words)) is not None}
+
+
+def forecast_json(forecast: Forecast, budget: Budget | None) -> dict[str, Any]:
+    """forecast.json: the forecast, and the budget sentence when a budget chose the shape."""
+    data = forecast.to_json()
+    if budget is not None:
+        data["budget"] = budget.sentence
+    return data
