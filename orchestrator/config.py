@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -78,7 +79,7 @@ class Settings:
     system: str | None = None
     planning: str | None = None  # "json" or "list"
     finish_truncated: bool = False  # one short continuation request for a section stopped by the token cap
-    # The forecast (orchestrator/forecast.py): budgets choose the shape so the forecast fits them; ``ladder`` is a
+    # The forecast (orchestrator/forecasting): budgets choose the shape so the forecast fits them; ``ladder`` is a
     # `handbook bench` ladder.json to take the step times from (else a short probe of the backends' counters);
     # ``forecast`` asks for one without a budget. None of these is in the resume key: the shape they chose is.
     pages: int | None = None
@@ -116,6 +117,11 @@ class Settings:
         if "md" not in formats:
             formats = ("md", *formats)  # book.md is always written: it is what everything else is made from
         object.__setattr__(self, "formats", formats)
+
+    def max_tokens_for(self, words: int) -> int:
+        """The token cap of a section asked for ``words``: a length set in outline.md scales the cap with it, never
+        below the job's own cap (the writer and the forecast both use this)."""
+        return max(self.max_tokens, math.ceil(self.max_tokens * words / self.words))
 
     @property
     def wants_forecast(self) -> bool:

@@ -55,7 +55,9 @@ class Planned:
     outline: Outline | None
     forecast: dict[str, Any] | None
     paths: dict[str, Path]
-    complete: bool
+    complete: bool  # the outline is whole (planning may have been interrupted after it was)
+    interrupted: bool = False
+    kept_edits: bool = False  # outline.md held a person's edits: kept, and the forecast is of it
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     paths = _write_outputs(job.out_dir, book, outline)
     t_end = time.monotonic()
     failed = tuple(s.path for s in book.sections if s.failed or s.empty)
-    if stop == "all-down":
-        status = "aborted"
-    else:
-        status = "complete" if not failed and stop is None else ("interrupted" if stop else "incomplete")
+    status = "incomplete" if failed and stop is None else draft_status(stop)
 
     defects = _write_defects(job.out_dir, book, paths)
     record = JobRecord(
@@ -135,21 +134,37 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     return Draft(book, record, stats, defects, paths, failed, stop, status)
 
 
-def save_plan(job: JobInfo, written: Written, forecast: dict[str, Any] | None) -> Planned:
-    """outline.md, outline.json and forecast.json of a plan-only run (`handbook plan`)."""
-    from .outline_md import write_outline_md
+def draft_status(stop: str | None) -> str:
+    """The journal's word for a run that ended early for ``stop`` (None: it did not)."""
+    return {None: "complete", "all-down": "aborted"}.get(stop, "interrupted")
+
+
+def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict[str, Any]]) -> Planned:
+    """outline.md, outline.json and forecast.json of a plan-only run (`handbook plan`). An outline.md a person
+    already edited is kept, never overwritten by a rerun: the forecast is then of the outline as edited."""
+    from .outline_md import FILENAME, OutlineFileError, read_outline_md, write_outline_md
 
     paths: dict[str, Path] = {}
-    if written.outline is not None:
-        paths["outline"] = write_outline_md(written.outline, job.out_dir)
-        paths["outline_json"] = _write_json(job.out_dir / "outline.json", written.outline.to_json())
-    if forecast is not None:
-        paths["forecast"] = _write_json(job.out_dir / "forecast.json", forecast)
-    complete = written.outline is not None and written.stop is None
-    return Planned(written.outline, forecast, paths, complete)
+    planned = outline = written.outline
+    edited = False
+    if planned is not None and outline is not None:
+        md = job.out_dir / FILENAME
+        try:
+            mine = read_outline_md(md) if md.exists() else None
+        except OutlineFileError:
+            mine = None  # unreadable: `handbook write` will say which line; keep the file as it is
+            edited = True
+        if mine is not None and mine != outline:
+            outline, edited = mine, True
+        paths["outline"] = md if edited else write_outline_md(outline, job.out_dir)
+        paths["outline_json"] = write_json(job.out_dir / "outline.json", planned.to_json())  # as planned
+        paths["forecast"] = write_json(job.out_dir / "forecast.json", forecast(outline))
+    fc = None if written.outline is None else orjson.loads(paths["forecast"].read_bytes())
+    return Planned(outline, fc, paths, written.outline is not None, interrupted=written.stop == "interrupt",
+                   kept_edits=edited)
 
 
-def _write_json(path: Path, data: Any) -> Path:
+def write_json(path: Path, data: Any) -> Path:
     path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
     return path
 

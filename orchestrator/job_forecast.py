@@ -28,7 +28,7 @@ __all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "written_path
 log = logging.getLogger("handbook")
 
 FORECAST_FILE = "forecast.json"
-_SHAPE = ("parts", "chapters", "sections", "words")
+_SHAPE = ("parts", "chapters", "sections", "words", "max_tokens")  # what fit_budget may choose
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Budget:
             chosen = replace(settings, **{k: old[k] for k in _SHAPE})
         except (KeyError, TypeError, ConfigError):
             return None
-        p, c, s, w = (getattr(chosen, k) for k in _SHAPE)
+        p, c, s, w, _ = (getattr(chosen, k) for k in _SHAPE)
         return cls(chosen, f"budget: the shape this job chose before, {p} parts x {c} chapters x {s} sections "
                            f"at {w} words (kept to resume its journal)")
 
@@ -83,12 +83,14 @@ def _recorded_fits(path: Path, backends: list[Backend]) -> list[StepFit] | None:
     """The fits an earlier forecast.json recorded, when they are for exactly these backends and caps."""
     try:
         data = orjson.loads(path.read_bytes())
-        fits = [StepFit(**f) for f in data["inputs"]["fits"]]
+        fits = {(f.url, f.cap): f for f in (StepFit(**f) for f in data["inputs"]["fits"])}
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
         return None
-    if [(f.url, f.cap) for f in fits] != [(b.url, b.cap) for b in backends]:
+    chosen = [fits.get((b.url, b.cap)) for b in backends]
+    if not all(chosen):
         return None
-    return [replace(f, source=f"{path.name} ({f.source})") for f in fits]
+    return [f if f.source.startswith(path.name) else replace(f, source=f"{path.name} ({f.source})")
+            for f in chosen if f is not None]
 
 
 def written_paths(outline: Outline, journal: Journal, settings: Settings) -> set[str]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +148,8 @@ class Journal:
                 for p, label, title, items in conn.execute("SELECT path, label, title, items FROM committed")
             }
             outline = Outline.from_json(orjson.loads(meta["outline"])) if "outline" in meta else None
+            if outline is not None:
+                _give_context(nodes, outline, settings.words)
             with conn:
                 cur = conn.execute(
                     "INSERT INTO runs (started_at, status, resumed) VALUES (?, 'running', ?)",
@@ -277,6 +279,17 @@ class Journal:
             )
             self._broken = True
 
+
+
+def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) -> None:
+    """Sections journaled before their context was (an older handbook) get it from the outline they were written
+    for, so that an edited outline.md cannot put their text under another chapter, part or length."""
+    refs = {ref.path: ref for ref in outline.sections()}
+    for path, node in nodes.items():
+        ref = refs.get(path)
+        if node.kind == "section" and node.context is None and ref is not None and ref.title == node.title:
+            value = node.value if isinstance(node.value, dict) else {}
+            nodes[path] = replace(node, value={**value, "context": ref.context(ref.words or words)})
 
 
 def _lock(path: Path) -> Any:

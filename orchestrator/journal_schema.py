@@ -89,9 +89,10 @@ def open_db(
         raise
 
 
-def peek_job(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """The prompt and settings (as ``Settings.public``) a journal was made with, read without locking or changing
-    it; None when there is no journal at ``path``. ConfigError for a file that is not a readable handbook journal."""
+def peek_job(path: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]] | None:
+    """The prompt, settings (as ``Settings.public``) and backends (``[{"url", "cap"}]``; empty: the embedded engine)
+    a journal was made with, read without locking or changing it; None when there is no journal at ``path``.
+    ConfigError for a file that is not a readable handbook journal."""
     if not path.exists():
         return None
     try:
@@ -103,9 +104,10 @@ def peek_job(path: Path) -> tuple[str, dict[str, Any]] | None:
         if meta.get("app") != "handbook":
             raise ValueError("no handbook meta")
         settings = orjson.loads(meta["settings"])
-        if not isinstance(settings, dict):
+        backends = orjson.loads(meta.get("backends", "[]"))
+        if not isinstance(settings, dict) or not isinstance(backends, list):
             raise ValueError("its settings are not a mapping")
-        return meta["prompt"], settings
+        return meta["prompt"], settings, backends
     except (sqlite3.Error, orjson.JSONDecodeError, KeyError, ValueError) as e:
         why = " ".join(str(e).split())[:120] or type(e).__name__
         raise ConfigError(f"{path} is not a readable handbook journal ({why})") from None

@@ -32,9 +32,10 @@ from .outline import Chapter, Outline, Part
 __all__ = ["FILENAME", "MAX_WORDS", "OutlineFileError", "read_outline_md", "render_outline_md", "write_outline_md"]
 
 FILENAME = "outline.md"
-MAX_WORDS = 20_000  # a section longer than this is a book of its own; no model writes it in one request
+MAX_WORDS = 5_000  # a section longer than this is a chapter of its own: 20 x the usual length, and token cap
 
-_HEADING = re.compile(r"^(#{1,6})(?:\s+(.*?))?\s*#*\s*$")
+# a closing run of #s needs white space before it (CommonMark): "C#" is a title, "Rivers ##" is "Rivers"
+_HEADING = re.compile(r"^(#{1,6})(?:\s+(.*?))?(?:\s+#+)?\s*$")
 _SECTION = re.compile(r"^[-*](?:\s+(.*?))?\s*$")
 _WORDS = re.compile(r"^\s+words\s*:\s*(\S*)\s*$", re.IGNORECASE)
 
@@ -76,7 +77,7 @@ def read_outline_md(path: str | Path) -> Outline:
     """Parse an outline.md; :class:`OutlineFileError` names the file and line of the first problem."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not part of line 1
     except FileNotFoundError:
         raise OutlineFileError(f"{path}: no such file (run `handbook plan PROMPT --out {path.parent}` first)") from None
     except UnicodeDecodeError as e:

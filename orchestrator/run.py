@@ -25,7 +25,7 @@ from .config import Backend, Settings, slugify, unique_backends
 from .dispatch import Dispatcher
 from .errors import BackendError, ConfigError, HandbookError, unwrap
 from .events import Event, ForecastReady, JobStarted
-from .finish import JobInfo, Planned, Result, publish, save_book, save_plan
+from .finish import JobInfo, Planned, Result, draft_status, publish, save_book, save_plan, write_json
 from .fleet import Fleet
 from .forecasting import StepFit
 from .forecasting import forecast as forecast_of
@@ -149,7 +149,7 @@ async def session(
 
     # The journal is opened before any backend is asked: another job's journal is bad input, found at once. Only
     # a budget to fit (--pages, --minutes) waits for the backends: the shape it chooses is part of the journal's key.
-    budgeted = bool(settings.pages or settings.minutes)
+    budgeted = bool(settings.pages or settings.minutes) and mode.outline is None  # written from an outline: its shape
     budget = None if fresh or not budgeted else Budget.from_journal(out_dir, prompt, settings)
     if budget is not None:
         settings = budget.settings
@@ -165,6 +165,8 @@ async def session(
             if job is None:
                 budget = await Budget.fit(settings, await discover_all(bk, settings), out_dir)
                 job = job_for(budget.settings, budget)
+            # what `handbook write` uses when given no backend (none recorded: the embedded engine)
+            job.journal.set_meta("backends", [{"url": b.url, "cap": b.cap} for b in bk] if backends else [])
             return await job.run(bk)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
@@ -266,6 +268,7 @@ class _Job:
         self.handle_sigint = handle_sigint
         self.status = "aborted"
         self.requests = 0
+        self.no_forecast: str | None = None
 
     async def run(self, backends: list[Backend]) -> Result | Planned:
         from .metrics import MetricsSampler
@@ -303,10 +306,11 @@ class _Job:
 
         job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast)
         if self.mode.plan_only:
-            self.status = "planned" if written.outline is not None and written.stop is None else "interrupted"
-            planned = None if written.outline is None else forecast_json(
-                forecast_of(written.outline, settings, fits, planned=True), self.budget)
-            return save_plan(job, written, planned)
+            self.status = "planned" if written.outline is not None else draft_status(written.stop)
+            planned = save_plan(job, written, partial(self._plan_forecast, fits))
+            if written.stop == "all-down" and written.outline is None:
+                raise BackendError(stopped_message(journal, str(written.all_down_error)))
+            return planned
         draft = save_book(job, written, tuple(plan_levels), journal.path)
         self.status = draft.status
         journal.end_run(self.status, self.requests)
@@ -314,7 +318,6 @@ class _Job:
         if written.stop == "all-down":
             raise BackendError(stopped_message(journal, str(written.all_down_error)))
         return result
-
 
     async def _forecast(self, usable: list[tuple[Backend, str]]) -> tuple[list[StepFit], dict[str, Any] | None]:
         """The forecast of this run: of what is left to write when the outline is known (written from outline.md, or
@@ -324,13 +327,25 @@ class _Job:
             self.mode.outline is not None and (self.out_dir / FORECAST_FILE).exists())
         if not wanted:
             return [], None
-        fits = await fits_for(usable, settings, self.out_dir, self.budget)
+        try:
+            fits = await fits_for(usable, settings, self.out_dir, self.budget)
+        except BackendError as e:
+            self.no_forecast = str(e)  # a forecast is a help, not the job: say why there is none, and go on
+            log.warning("no forecast: %s", e)
+            return [], None
         if self.mode.plan_only:
             return fits, None  # forecast after planning, of the outline it made (save_plan)
         outline = self.mode.outline or journal.outline
         done = set() if outline is None else written_paths(outline, journal, settings)
-        fc = forecast_of(outline, settings, fits, planned=outline is not None, done=done)
-        return fits, forecast_json(fc, self.budget)
+        data = forecast_json(forecast_of(outline, settings, fits, planned=outline is not None, done=done), self.budget)
+        write_json(self.out_dir / FORECAST_FILE, data)  # a rerun reads the step times back instead of probing
+        return fits, data
+
+    def _plan_forecast(self, fits: list[StepFit], outline: Outline) -> dict[str, Any]:
+        """forecast.json of `handbook plan`: what writing ``outline`` will take, or why there is no forecast."""
+        if not fits:
+            return {"available": False, "reason": self.no_forecast or "no step times"}
+        return forecast_json(forecast_of(outline, self.settings, fits, planned=True), self.budget)
 
 
 class _clients:

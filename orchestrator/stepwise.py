@@ -78,7 +78,7 @@ def write_settings(out_dir: Path, overrides: Settings | None = None,
     peeked = peek_job(out_dir / JOURNAL_FILE)
     if peeked is None:
         return "", overrides or Settings()
-    prompt, public = peeked
+    prompt, public, _ = peeked
     refused = sorted(changed - WRITE_OVERRIDES)
     if refused:
         raise ConfigError(f"{', '.join(refused)} cannot change between `handbook plan` and `handbook write` (they "

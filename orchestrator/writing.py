@@ -11,7 +11,6 @@ BackendError once what exists is on disk).
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
@@ -159,8 +158,7 @@ class Writer:
     async def _section(self, dispatcher: Dispatcher, ref: SectionRef, order: int) -> None:
         settings, profile = self.settings, self.profile
         words = ref.words or settings.words
-        # a length set in outline.md scales the token cap with it (never below the job's own cap)
-        max_tokens = max(settings.max_tokens, math.ceil(settings.max_tokens * words / settings.words))
+        max_tokens = settings.max_tokens_for(words)
         context = ref.context(words)
         text = render(
             profile.section_template, settings.templates, book=ref.book, part=ref.part,

@@ -52,16 +52,20 @@ def section_headings(md: str) -> list[str]:
 
 
 def test_outline_md_round_trips_with_lengths(tmp_path):
-    outline = Outline("Rivers", (
+    outline = Outline("Rivers of C#", (
         Part("Western Europe", (Chapter("The Rhine", ("Source", "Delta"), (None, 400)),
                                 Chapter("The Seine", ("Paris",)))),
-        Part("Eastern Europe", (Chapter("The Danube", ("Vienna", "Budapest", "Black Sea")),)),
+        Part("Part: F#", (Chapter("Intro to C#", ("Vienna", "Budapest", "Black Sea #1")),)),
     ))
     path = tmp_path / "outline.md"
     path.write_text(render_outline_md(outline, tmp_path))
     assert read_outline_md(path) == outline
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # an editor's byte-order mark
+    assert read_outline_md(path) == outline
     refs = list(read_outline_md(path).sections())
     assert [r.words for r in refs] == [None, 400, None, None, None, None]
+    path.write_text("# Rivers ##\n## West #\n### Rhine\n- Source\n")  # closing #s, as Markdown allows
+    assert read_outline_md(path).title == "Rivers" and read_outline_md(path).parts[0].title == "West"
 
 
 @pytest.mark.parametrize(("text", "line", "what"), [
@@ -202,7 +206,7 @@ def test_a_page_budget_gives_a_book_of_about_that_many_a5_pages(cards, tmp_path)
 def test_library_plan_write_forecast(cards, tmp_path):
     import orchestrator as hb
 
-    settings = hb.Settings(parts=1, chapters=2, sections=2)
+    settings = hb.Settings(parts=1, chapters=2, sections=2, cap=32)  # cap 32: a light probe
     fc = hb.forecast(None, cards.urls, settings)
     assert fc.sections == 4 and fc.whole_job_s > fc.plan_s >= 0
     events: list[object] = []
@@ -212,3 +216,27 @@ def test_library_plan_write_forecast(cards, tmp_path):
     assert result.complete and len(result.outline.parts[0].chapters) == 2
     assert any(isinstance(e, hb.ForecastReady) for e in events)
     assert Path(result.paths["md"]).exists()
+
+
+def test_plan_again_keeps_a_persons_edits_and_a_plan_needs_no_counters(cards, tmp_path):
+    out = tmp_path / "book"
+    args = ("plan", PROMPT, *backend_flags(cards.urls), "--parts", "1", "--chapters", "2", "--sections", "2",
+            "--out", str(out), "-q")
+    assert handbook(*args).returncode == 0
+    text = (out / "outline.md").read_text().replace("\n- ", "\n- MY EDIT ", 1)
+    (out / "outline.md").write_text(text)
+    proc = handbook(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "MY EDIT" in (out / "outline.md").read_text() and "holds your edits" in proc.stderr
+
+
+def test_a_plan_on_a_server_without_metrics_still_writes_the_outline(tmp_path):
+    from fake_openai import FakeServer
+
+    with FakeServer("ok") as server:
+        proc = handbook("plan", "A book about tea", "--backend", server.url, "--parts", "1", "--chapters", "1",
+                        "--sections", "2", "--out", str(tmp_path / "b"), "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "no forecast:" in proc.stderr
+    assert json.loads((tmp_path / "b" / "forecast.json").read_text())["available"] is False
+    assert read_outline_md(tmp_path / "b" / "outline.md").shape == (1, 1, 2)

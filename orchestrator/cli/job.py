@@ -16,13 +16,9 @@ from ..config import PRESETS, Backend, backends_from_env, load_job_file, setting
 from ..engine import LOCAL_DEFAULT_SHAPE
 from ..errors import TYPESET_FAILED_EXIT, ConfigError
 from ..profiles import PLANNING_STYLES, PROFILE_NAMES
+from .main import OneLineParser
 
 SHAPE = ("parts", "chapters", "sections")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, our exit code, no usage dump
-        raise ConfigError(message)
 
 
 def positive_int(text: str) -> int:
@@ -36,7 +32,7 @@ def positive_int(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="handbook",
         description="One prompt in, a book out: plan an outline, write every section in parallel over "
         "OpenAI-compatible servers, assemble Markdown and an A5 PDF. Subcommands: plan, write, sim, bench, "
@@ -46,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def non_negative_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
@@ -92,7 +88,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     add_forecast_arguments(p)
     p.add_argument("--pages", type=positive_int, metavar="N",
                    help="choose parts, chapters, sections and words so the forecast book has about N A5 pages")
-    p.add_argument("--minutes", type=non_negative_float, metavar="M",
+    p.add_argument("--minutes", type=positive_float, metavar="M",
                    help="choose the largest book the forecast says these backends write within M minutes")
     p.add_argument("--parts", type=positive_int, help="parts in the book (default 8)")
     p.add_argument("--chapters", type=positive_int, help="chapters per part (default 12)")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
-from ..errors import HandbookError, unwrap
+from ..errors import ConfigError, HandbookError, unwrap
 
 SUBCOMMANDS = {
     "plan": ("orchestrator.cli.plan", "plan the book only: DIR/outline.md to review and edit, DIR/forecast.json"),
@@ -21,13 +22,20 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags are bad input like any other: one line and exit 2 (our ConfigError), no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
             module_name, help_text = SUBCOMMANDS[argv[0]]
             module = importlib.import_module(module_name)
-            parser = argparse.ArgumentParser(prog=f"handbook {argv[0]}", description=help_text)
+            parser = OneLineParser(prog=f"handbook {argv[0]}", description=help_text)
             module.add_arguments(parser)
             args = parser.parse_args(argv[1:])
             return int(module.run(args) or 0)

@@ -30,15 +30,21 @@ def report(planned: Planned) -> int:
     from rich.console import Console
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    if planned.forecast is not None:
-        if planned.forecast.get("budget"):
-            console.print(f"handbook: {planned.forecast['budget']}", markup=False)
-        console.print(forecast_table(planned.forecast))
+    fc = planned.forecast
+    if fc is not None and fc.get("available") is False:
+        print(f"handbook: no forecast: {fc.get('reason')}", file=sys.stderr)
+    elif fc is not None:
+        if fc.get("budget"):
+            console.print(f"handbook: {fc['budget']}", markup=False)
+        console.print(forecast_table(fc))
     for key, path in planned.paths.items():
         console.print(f"{key:>12}: {path}")
     if not planned.complete or planned.outline is None:
         print("handbook: planning did not finish; rerun the same command to resume it", file=sys.stderr)
-        return 1
+        return 130 if planned.interrupted else 1
+    if planned.kept_edits:
+        print(f"handbook: {planned.paths['outline']} holds your edits: kept as it is (the forecast is of it; "
+              "outline.json is the outline as planned)", file=sys.stderr)
     outline_md = planned.paths.get("outline")
     print(f"handbook: review and edit {outline_md}, then write the book with: handbook write "
           f"{outline_md.parent if outline_md else 'DIR'}", file=sys.stderr)

@@ -7,8 +7,10 @@ import os
 from functools import partial
 from pathlib import Path
 
-from ..config import settings_from
+from ..config import Backend, settings_from
 from ..errors import ConfigError
+from ..journal import FILENAME as JOURNAL_FILE
+from ..journal_schema import peek_job
 from ..outline_md import FILENAME as OUTLINE_FILE
 from ..outline_md import read_outline_md
 from .job import (
@@ -47,8 +49,16 @@ def run(args: argparse.Namespace) -> int:
         values["api_key"] = os.environ["OPENAI_API_KEY"]
     overrides = settings_from(values)
     _, settings = write_settings(out_dir, overrides, frozenset(values))
-    backends = backends_of(args, {"cap": settings.cap})
+    backends = backends_of(args, {"cap": settings.cap}) or _planned_backends(out_dir, settings.cap)
     return run_with_displays(partial(_write, out_dir, backends, settings, outline), settings, args, report)
+
+
+def _planned_backends(out_dir: Path, cap: int) -> list[Backend]:
+    """No --backend and no $HANDBOOK_BACKENDS: the backends the plan was made on (none: the embedded engine)."""
+    peeked = peek_job(out_dir / JOURNAL_FILE)
+    if peeked is None:
+        return []
+    return [Backend(str(b["url"]), cap=int(b.get("cap", cap))) for b in peeked[2] if isinstance(b, dict) and "url" in b]
 
 
 def _write(out_dir, backends, settings, outline, on_event, deltas):

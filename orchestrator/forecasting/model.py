@@ -180,8 +180,8 @@ class _Requests:
             for ci, chapter in enumerate(part, 1):
                 children: list[tuple[int, int]] = []  # (node, index of its title in the chapter's reply)
                 for si, asked in enumerate(chapter, 1):
-                    tokens, written, capped = LENGTHS.section(asked or settings.words, settings.max_tokens,
-                                                              golden(index))
+                    asked = asked or settings.words
+                    tokens, written, capped = LENGTHS.section(asked, settings.max_tokens_for(asked), golden(index))
                     words += written
                     if f"{pi}.{ci}.{si}" not in done:
                         children.append((len(nodes), si - 1))

@@ -11,6 +11,7 @@ could not hold still gives a true point that way), and ``a + b x N`` is fitted o
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,8 @@ from ..errors import BackendError, ConfigError, unwrap
 from ..metrics import MetricsSampler
 from .model import StepFit
 
+log = logging.getLogger("handbook")
+
 __all__ = ["fits_from_ladder", "probe_fits", "probe_levels"]
 
 PROBE_WINDOW_S = 1.5  # each level's measured window, at least ...
@@ -37,6 +40,7 @@ PROBE_INTERVAL_S = 0.25  # /metrics sampling: 8 samples a window
 PROBE_MAX_TOKENS = 512  # long replies: few streams end inside a window
 PROBE_FIRST_SAMPLE_S = 5.0  # a backend whose /metrics has not answered by then has no readable counter
 PROBE_DRAIN_S = 10.0
+PROBE_FILL_S = 30.0  # a level whose streams have not all started by then is not measured (a busy or small server)
 
 
 def probe_levels(cap: int) -> tuple[int, ...]:
@@ -95,8 +99,18 @@ async def _load(sampler: MetricsSampler, targets: list[Target], levels: tuple[in
     numbers = itertools.count(1)
     for n in levels:
         window = max(PROBE_WINDOW_S, PROBE_STEPS * _step_s(points, n))
-        level = await measure_level(targets=targets, streams=n, window=window, ramp=PROBE_RAMP_S,
-                                    max_tokens=PROBE_MAX_TOKENS, sampler=sampler, numbers=numbers)
+        try:
+            level = await measure_level(targets=targets, streams=n, window=window, ramp=PROBE_RAMP_S,
+                                        max_tokens=PROBE_MAX_TOKENS, sampler=sampler, numbers=numbers,
+                                        ramp_timeout=PROBE_FILL_S)
+        except BackendError as e:
+            if not any(points.values()):
+                raise
+            # A level the server cannot fill (its KV cache, a busy host) is past what a probe should load: the
+            # levels below it are the fit, and the message says so.
+            log.warning("the forecast's probe stopped below %d streams: %s", n, e)
+            await wait_drained(sampler, urls, limit=PROBE_DRAIN_S)
+            return
         for url, own in _per_backend(level, urls).items():
             points[url].append(own)
         await wait_drained(sampler, urls, limit=PROBE_DRAIN_S)
