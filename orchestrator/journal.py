@@ -85,6 +85,21 @@ class Committed:
     items: tuple[str, ...]
 
 
+# A section whose row an edited outline gives to another section is kept here, by what it was written for, so
+# that no text is lost to an edit: undoing the edit, or a section moved after another took its path, finds it.
+_DISPLACED_TABLE = """
+CREATE TABLE IF NOT EXISTS displaced (
+    kind TEXT NOT NULL, title TEXT NOT NULL, context TEXT NOT NULL, text TEXT NOT NULL, finish_reason TEXT,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, backend TEXT, attempts INTEGER NOT NULL,
+    value TEXT, PRIMARY KEY (kind, title, context)
+)"""
+_DISPLACE = (
+    "INSERT OR REPLACE INTO displaced SELECT kind, title, json_extract(value, '$.context'), text, finish_reason,"
+    " prompt_tokens, completion_tokens, backend, attempts, value FROM nodes"
+    " WHERE path = ? AND kind = 'section' AND json_extract(value, '$.context') IS NOT NULL"
+)
+_DISPLACED_PATH = "0.0.0"  # a section's level: where a displaced section stood matters no more
+
 _NODE_COLUMNS = ("path, kind, title, text, finish_reason, prompt_tokens, completion_tokens, backend, attempts, "
                  "value")
 
@@ -96,7 +111,8 @@ class Journal:
     ``--out`` is refused instead of interleaving its book with this one's."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection, run_id: int, nodes: dict[str, StoredNode],
-                 outline: Outline | None, committed: dict[str, tuple[str, Committed]], lock: Any = None):
+                 outline: Outline | None, committed: dict[str, tuple[str, Committed]], lock: Any = None,
+                 displaced: tuple[StoredNode, ...] = ()):
         self.path = path
         self._db = conn
         self._lock = lock
@@ -104,8 +120,9 @@ class Journal:
         self.nodes = nodes  # what earlier runs finished, by path
         # sections by what their request was made from (title and SectionRef.context), wherever they stood: a
         # section an edited outline.md moved is still the same section. A snapshot: this run's writes do not move it
+        # (displaced: sections whose path an edit gave to another section; an undone edit finds them again)
         self._by_context = {
-            (n.kind, n.title, dumps(n.context)): n for n in nodes.values() if n.context is not None
+            (n.kind, n.title, dumps(n.context)): n for n in (*displaced, *nodes.values()) if n.context is not None
         }
         self.outline = outline  # the outline an earlier run stored, if it got that far
         self._committed = committed  # path -> (label, Committed) of planning nodes that had not finished
@@ -147,6 +164,14 @@ class Journal:
                 p: (label, Committed(title, tuple(orjson.loads(items))))
                 for p, label, title, items in conn.execute("SELECT path, label, title, items FROM committed")
             }
+            with conn:
+                conn.execute(_DISPLACED_TABLE)  # added to schema 2 as it stands: an older file gains it here
+            displaced = tuple(
+                StoredNode(_DISPLACED_PATH, kind, title, text, finish, prompt_tokens, completion_tokens, backend,
+                           attempts, orjson.loads(value) if value else None)
+                for kind, title, text, finish, prompt_tokens, completion_tokens, backend, attempts, value
+                in conn.execute(f"SELECT {_NODE_COLUMNS.removeprefix('path, ')} FROM displaced")
+            )
             outline = Outline.from_json(orjson.loads(meta["outline"])) if "outline" in meta else None
             if outline is not None:
                 _give_context(nodes, outline, settings.words)
@@ -169,7 +194,7 @@ class Journal:
                 f"{path} is not a readable handbook journal ({why}); remove it, choose another --out, "
                 "or pass --fresh"
             ) from None
-        return cls(path, conn, run_id, nodes, outline, committed, lock)
+        return cls(path, conn, run_id, nodes, outline, committed, lock, displaced)
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -220,6 +245,7 @@ class Journal:
     def record(self, path: str, kind: str, title: str, reply: Reply, attempts: int, value: Any = None) -> None:
         """Commit one finished node (``value``: a planning node's accepted titles, as JSON-able data)."""
         self._write_many([
+            (_DISPLACE, (path,)),
             (
                 "INSERT OR REPLACE INTO nodes (path, kind, title, text, finish_reason, prompt_tokens,"
                 " completion_tokens, backend, attempts, latency_s, first_token_s, finished_at, run, value)"
@@ -241,12 +267,16 @@ class Journal:
         """Record a stored node at its new ``path`` (an edited outline moved it), so the journal follows the outline
         the book was made from. Not a write of this run: ``written`` does not count it."""
         # from the snapshot, not the row: this run may already have written another node at the old path
-        self._write(
-            "INSERT OR REPLACE INTO nodes (path, kind, title, text, finish_reason, prompt_tokens, completion_tokens,"
-            " backend, attempts, finished_at, run, value) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (path, node.kind, node.title, node.text, node.finish_reason, node.prompt_tokens, node.completion_tokens,
-             node.backend, node.attempts, time.time(), self.run_id, None if node.value is None else dumps(node.value)),
-        )
+        self._write_many([
+            (_DISPLACE, (path,)),
+            (
+                "INSERT OR REPLACE INTO nodes (path, kind, title, text, finish_reason, prompt_tokens,"
+                " completion_tokens, backend, attempts, finished_at, run, value) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (path, node.kind, node.title, node.text, node.finish_reason, node.prompt_tokens,
+                 node.completion_tokens, node.backend, node.attempts, time.time(), self.run_id,
+                 None if node.value is None else dumps(node.value)),
+            ),
+        ])
 
     def end_run(self, status: str, requests: int) -> None:
         self._write("UPDATE runs SET ended_at = ?, status = ?, requests = ? WHERE id = ?",

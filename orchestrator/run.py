@@ -288,6 +288,8 @@ class _Job:
         render(profile.section_template, settings.templates, book="", part="", chapter="", section="", words=1,
                book_phrase="")  # a broken template fails now, not after planning
 
+        if self.mode == Mode() and journal.outline is not None:
+            _warn_if_edited(self.out_dir, journal.outline)
         writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint)
         async with _clients(usable, settings) as clients:
             fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
@@ -346,6 +348,19 @@ class _Job:
         if not fits:
             return {"available": False, "reason": self.no_forecast or "no step times"}
         return forecast_json(forecast_of(outline, self.settings, fits, planned=True), self.budget)
+
+
+def _warn_if_edited(out_dir: Path, outline: Outline) -> None:
+    """The main job resumes the journal's outline; an edited outline.md beside it is for `handbook write`."""
+    from .outline_md import FILENAME, OutlineFileError, read_outline_md
+
+    try:
+        edited = (out_dir / FILENAME).exists() and read_outline_md(out_dir / FILENAME) != outline
+    except OutlineFileError:
+        edited = True
+    if edited:
+        log.warning("%s differs from the outline this job resumes, which it leaves alone; write the edited outline "
+                    "with: handbook write %s", out_dir / FILENAME, out_dir)
 
 
 class _clients:

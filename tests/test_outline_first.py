@@ -127,7 +127,7 @@ def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path):
     assert stats["forecast"]["sections"] == 12 and stats["forecast"]["error"]["whole_job_s"] is not None
 
     # A person renames one section (to a title the planner's gate would never pass) and deletes a chapter.
-    text = (out / "outline.md").read_text()
+    text = original = (out / "outline.md").read_text()
     first = outline.parts[0].chapters[0].sections[1]
     renamed = "Part 2: My OWN title, as written #1"
     text = text.replace(f"- {first}\n", f"- {renamed}\n", 1)
@@ -158,6 +158,15 @@ def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert served(cards.urls) - before == 0
     assert json.loads((out / "stats.json").read_text())["requests"] == 0
+
+    # Undoing both edits loses nothing: the renamed section's and the deleted chapter's texts are still journaled.
+    (out / "outline.md").write_text(original)
+    before = served(cards.urls)
+    proc = handbook("write", str(out), *backend_flags(cards.urls), "--format", "md", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert served(cards.urls) - before == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["requests"] == 0 and stats["sections"] == 12 and stats["resumed_sections"] == 12
 
 
 def test_a_length_set_in_the_outline_is_asked_for(cards, tmp_path):

@@ -142,7 +142,8 @@ def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], A
         "templates": args.templates, "out": args.out, "profile": args.profile, "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
         "system": args.system, "planning": args.planning, "finish_truncated": args.finish_truncated or None,
-        "pages": args.pages, "minutes": args.minutes, "ladder": args.ladder, "forecast": args.forecast or None,
+        "pages": args.pages, "minutes": args.minutes, "forecast": args.forecast or None,
+        "ladder": os.path.abspath(args.ladder) if args.ladder else None,  # a later `write` may run elsewhere
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})
     if args.format:

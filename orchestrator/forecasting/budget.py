@@ -145,6 +145,11 @@ def _for_pages(settings: Settings, fits: Sequence[StepFit], pages: int,
         raise ConfigError(f"a book of about {pages:,} pages needs about {_duration(slowest.whole_job_s)} on these "
                           f"backends: more than --minutes {limit / 60:g}")
     smallest = _pages((1, 1, 1), _Words(MIN_WORDS, _with_words(settings, MIN_WORDS).max_tokens))
+    if pages > smallest:
+        largest = _pages((MAX_PARTS, MAX_CHAPTERS, MAX_SECTIONS), _Words(settings.words, settings.max_tokens))
+        raise ConfigError(f"--pages {pages:,}: the largest book a budget chooses is about {math.floor(largest):,} "
+                          f"A5 pages ({MAX_PARTS} parts x {MAX_CHAPTERS} chapters x {MAX_SECTIONS} sections); give "
+                          "--parts/--chapters/--sections/--words yourself for more")
     raise ConfigError(f"--pages {pages}: the smallest book is about {math.ceil(smallest)} A5 pages "
                       "(a title page, the contents, a part page and one section)")
 
