@@ -142,26 +142,22 @@ def draft_status(stop: str | None) -> str:
 def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict[str, Any]]) -> Planned:
     """outline.md, outline.json and forecast.json of a plan-only run (`handbook plan`). An outline.md a person
     already edited is kept, never overwritten by a rerun: the forecast is then of the outline as edited."""
-    from .outline_md import FILENAME, OutlineFileError, read_outline_md, write_outline_md
+    from .outline_md import FILENAME, edits_in, write_outline_md
 
-    paths: dict[str, Path] = {}
-    planned = outline = written.outline
-    edited = False
-    if planned is not None and outline is not None:
-        md = job.out_dir / FILENAME
-        try:
-            mine = read_outline_md(md) if md.exists() else None
-        except OutlineFileError:
-            mine = None  # unreadable: `handbook write` will say which line; keep the file as it is
-            edited = True
-        if mine is not None and mine != outline:
-            outline, edited = mine, True
-        paths["outline"] = md if edited else write_outline_md(outline, job.out_dir)
-        paths["outline_json"] = write_json(job.out_dir / "outline.json", planned.to_json())  # as planned
-        paths["forecast"] = write_json(job.out_dir / "forecast.json", forecast(outline))
-    fc = None if written.outline is None else orjson.loads(paths["forecast"].read_bytes())
-    return Planned(outline, fc, paths, written.outline is not None, interrupted=written.stop == "interrupt",
-                   kept_edits=edited)
+    planned = written.outline
+    if planned is None:  # stopped before the outline was whole: nothing to write
+        return Planned(None, None, {}, False, interrupted=written.stop == "interrupt")
+    # an unreadable outline.md is kept as it is (`handbook write` will say which line); the forecast is then of the
+    # outline as planned
+    edited, mine = edits_in(job.out_dir, planned)
+    outline = mine if edited and mine is not None else planned
+    fc = forecast(outline)
+    paths = {
+        "outline": job.out_dir / FILENAME if edited else write_outline_md(planned, job.out_dir),
+        "outline_json": write_json(job.out_dir / "outline.json", planned.to_json()),  # as planned
+        "forecast": write_json(job.out_dir / "forecast.json", fc),
+    }
+    return Planned(outline, fc, paths, True, interrupted=written.stop == "interrupt", kept_edits=edited)
 
 
 def write_json(path: Path, data: Any) -> Path:

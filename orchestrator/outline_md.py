@@ -29,7 +29,9 @@ from pathlib import Path
 from .errors import ConfigError
 from .outline import Chapter, Outline, Part
 
-__all__ = ["FILENAME", "MAX_WORDS", "OutlineFileError", "read_outline_md", "render_outline_md", "write_outline_md"]
+__all__ = [
+    "FILENAME", "MAX_WORDS", "OutlineFileError", "edits_in", "read_outline_md", "render_outline_md", "write_outline_md",
+]
 
 FILENAME = "outline.md"
 MAX_WORDS = 5_000  # a section longer than this is a chapter of its own: 20 x the usual length, and token cap
@@ -71,6 +73,19 @@ def write_outline_md(outline: Outline, out_dir: Path) -> Path:
     tmp.write_text(render_outline_md(outline, out_dir), encoding="utf-8")
     tmp.replace(path)  # a person may have it open: never a half-written file
     return path
+
+
+def edits_in(out_dir: Path, outline: Outline) -> tuple[bool, Outline | None]:
+    """Does ``out_dir``/outline.md hold something other than ``outline`` (a person's edits), and which outline, when
+    it can be read? No file: (False, None); a file that cannot be read: (True, None), since only a person makes one."""
+    path = out_dir / FILENAME
+    if not path.exists():
+        return False, None
+    try:
+        mine = read_outline_md(path)
+    except OutlineFileError:
+        return True, None
+    return mine != outline, mine
 
 
 def read_outline_md(path: str | Path) -> Outline:

@@ -162,12 +162,14 @@ async def session(
     job = job_for(settings, budget) if budget is not None or not budgeted else None
     try:
         async with backends_up(backends, settings) as bk:
+            usable = None
             if job is None:
-                budget = await Budget.fit(settings, await discover_all(bk, settings), out_dir)
+                usable = await discover_all(bk, settings)
+                budget = await Budget.fit(settings, usable, out_dir)
                 job = job_for(budget.settings, budget)
             # what `handbook write` uses when given no backend (none recorded: the embedded engine)
             job.journal.set_meta("backends", [{"url": b.url, "cap": b.cap} for b in bk] if backends else [])
-            return await job.run(bk)
+            return await job.run(bk, usable)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
         if inner is group:
@@ -270,11 +272,13 @@ class _Job:
         self.requests = 0
         self.no_forecast: str | None = None
 
-    async def run(self, backends: list[Backend]) -> Result | Planned:
+    async def run(self, backends: list[Backend], usable: list[tuple[Backend, str]] | None = None) -> Result | Planned:
+        """``usable``: the backends as discovered already (a budget was fitted on them), else discovered here."""
         from .metrics import MetricsSampler
 
         settings, bus, journal = self.settings, self.bus, self.journal
-        usable = await discover_all(backends, settings)
+        if usable is None:
+            usable = await discover_all(backends, settings)
         journal.check_model(",".join(sorted({model for _, model in usable})))
         caps = ensure_open_files([b.cap for b, _ in usable])
         urls = tuple(b.url for b, _ in usable)
@@ -352,13 +356,9 @@ class _Job:
 
 def _warn_if_edited(out_dir: Path, outline: Outline) -> None:
     """The main job resumes the journal's outline; an edited outline.md beside it is for `handbook write`."""
-    from .outline_md import FILENAME, OutlineFileError, read_outline_md
+    from .outline_md import FILENAME, edits_in
 
-    try:
-        edited = (out_dir / FILENAME).exists() and read_outline_md(out_dir / FILENAME) != outline
-    except OutlineFileError:
-        edited = True
-    if edited:
+    if edits_in(out_dir, outline)[0]:
         log.warning("%s differs from the outline this job resumes, which it leaves alone; write the edited outline "
                     "with: handbook write %s", out_dir / FILENAME, out_dir)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -83,7 +83,7 @@ def write_settings(out_dir: Path, overrides: Settings | None = None,
     if refused:
         raise ConfigError(f"{', '.join(refused)} cannot change between `handbook plan` and `handbook write` (they "
                           f"decide what every section is asked); plan again with them, or edit {OUTLINE_FILE}")
-    base = settings_from({k: v for k, v in public.items() if k in {f.name for f in fields(Settings)}})
+    base = settings_from(public)  # it takes the known names only
     if overrides is not None:
         base = replace(base, **{k: getattr(overrides, k) for k in changed})
     return prompt, base
