@@ -6,8 +6,11 @@ it, whether Python code parses, and which texts nearly repeat one another. No I/
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import warnings
+from array import array
+from bisect import bisect_right
 from collections import Counter, defaultdict
 
 from markdown_it import MarkdownIt
@@ -122,11 +125,13 @@ def python_ok(code: str) -> bool:
     return True
 
 
-def _shingles(text: str) -> set[int]:
+def _shingles(text: str) -> array[int]:
+    """The distinct 5-word shingle hashes of one text, sorted, in an array: 8 bytes a shingle where a set of ints
+    costs about 60, which is what a book of thousands of sections holds at once."""
     words = _WORD.findall(text.lower())
     if len(words) < SHINGLE:
-        return set()
-    return {hash(tuple(words[i : i + SHINGLE])) for i in range(len(words) - SHINGLE + 1)}
+        return array("q")
+    return array("q", sorted({hash(tuple(words[i : i + SHINGLE])) for i in range(len(words) - SHINGLE + 1)}))
 
 
 def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
@@ -135,6 +140,10 @@ def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
     Candidates come from an inverted index over a 1-in-``SAMPLE`` sample of the shingles (chosen by hash value,
     so two texts keep the same ones); every candidate is then checked exactly on the full shingle sets. A pair at
     the thresholds shares dozens of sampled shingles, so sampling loses none of them in practice.
+
+    Memory is linear in the texts: the candidates of one text at a time are counted and checked at once (a table of
+    every pair sharing a sampled shingle grows with the square of the sections: 400 MB at 6,144), and identical
+    texts are grouped by a digest of their shingles rather than by a copy of them.
     """
     sets = [_shingles(t) for t in texts]
     n = len(sets)
@@ -144,29 +153,42 @@ def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
         if len(s) >= MIN_SHINGLES:
             for h in s:
                 if h % SAMPLE == 0:
-                    index[h].append(i)
-    shared: Counter[tuple[int, int]] = Counter()
-    for docs in index.values():
-        if 2 <= len(docs) <= max_df:
-            for x in range(len(docs)):
-                dx = docs[x]
-                for y in range(x + 1, len(docs)):
-                    shared[(dx, docs[y])] += 1
-    candidates = {p for p, c in shared.items() if c >= 2}
+                    index[h].append(i)  # ascending i: each list is sorted
+    found: dict[tuple[int, int], tuple[float, float]] = {}
+    for i, s in enumerate(sets):
+        if len(s) < MIN_SHINGLES:
+            continue
+        shared: Counter[int] = Counter()  # later texts sharing sampled shingles with text i
+        for h in s:
+            if h % SAMPLE == 0:
+                docs = index[h]
+                if 2 <= len(docs) <= max_df:
+                    shared.update(docs[bisect_right(docs, i):])
+        mine = None
+        for j, c in shared.items():
+            if c >= 2:
+                mine = mine if mine is not None else set(s)
+                _check(i, j, mine, sets[j], found)
     # identical texts pair up even when every one of their shingles is too common to index
-    same: dict[frozenset[int], list[int]] = defaultdict(list)
+    same: dict[bytes, list[int]] = defaultdict(list)
     for i, s in enumerate(sets):
         if len(s) >= MIN_SHINGLES:
-            same[frozenset(s)].append(i)
+            same[hashlib.blake2b(s.tobytes(), digest_size=16).digest()].append(i)
     for group in same.values():
-        candidates.update((group[x], group[y]) for x in range(len(group)) for y in range(x + 1, len(group)))
-    out = []
-    for i, j in candidates:
-        a, b = sets[i], sets[j]
-        inter = len(a & b)
-        jaccard = inter / len(a | b)
-        containment = inter / min(len(a), len(b))
-        if jaccard >= NEAR_DUPLICATE_JACCARD or containment >= NEAR_DUPLICATE_CONTAINMENT:
-            out.append((i, j, jaccard, containment))
+        for x in range(len(group)):
+            for y in range(x + 1, len(group)):
+                if (group[x], group[y]) not in found:
+                    _check(group[x], group[y], set(sets[group[x]]), sets[group[y]], found)
+    out = [(i, j, jac, con) for (i, j), (jac, con) in found.items()]
     out.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
     return out
+
+
+def _check(i: int, j: int, a: set[int], b: array[int], found: dict[tuple[int, int], tuple[float, float]]) -> None:
+    """Measure one candidate pair exactly (both hold distinct shingles, so the union is the sizes less the
+    intersection) and keep it when it is a near-duplicate."""
+    inter = len(a.intersection(b))
+    jaccard = inter / (len(a) + len(b) - inter)
+    containment = inter / min(len(a), len(b))
+    if jaccard >= NEAR_DUPLICATE_JACCARD or containment >= NEAR_DUPLICATE_CONTAINMENT:
+        found[(i, j)] = (jaccard, containment)

@@ -224,3 +224,31 @@ def test_printed_measure_follows_book_md():
     assert (u["count"], u["of"]) == (3, 3)
     assert u["printed"] == {"count": 1, "of": 3, "share": round(1 / 3, 4)}
     assert "And then it st" not in book.markdown and "But it st" not in book.markdown
+
+
+def test_near_duplicates_agree_with_every_pair_measured():
+    """The sampled candidates lose no pair that measuring every pair exactly finds (edited copies, halves, exact
+    copies, strangers), and the figures are the exact ones."""
+    from orchestrator.textscan import NEAR_DUPLICATE_CONTAINMENT, NEAR_DUPLICATE_JACCARD, _shingles
+
+    base = [prose(i, 200) for i in range(40)]
+    texts = list(base)
+    for k in range(0, 40, 4):
+        words = base[k].split()
+        texts.append(" ".join(words[: len(words) // 2] + ["changed"] * 3 + words[len(words) // 2 + 3:]))  # an edit
+        texts.append(" ".join(words[: 2 * len(words) // 3]))  # two thirds of it
+    texts.append(base[7])  # an exact copy
+    sets = [set(_shingles(t)) for t in texts]
+    want = []
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            a, b = sets[i], sets[j]
+            if len(a) < 20 or len(b) < 20:
+                continue
+            inter = len(a & b)
+            jac, con = inter / len(a | b), inter / min(len(a), len(b))
+            if jac >= NEAR_DUPLICATE_JACCARD or con >= NEAR_DUPLICATE_CONTAINMENT:
+                want.append((i, j, jac, con))
+    want.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
+    assert len(want) >= 21  # the test means something: every edit, every part and the copy pair up
+    assert near_duplicates(texts) == want
