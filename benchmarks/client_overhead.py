@@ -257,8 +257,9 @@ async def client_openai(url: str, streams: int, requests: int) -> tuple[int, int
     return got["chunks"], got["errors"]
 
 
-CLIENTS = {"ours": client_ours, "aiohttp": client_aiohttp, "openai": client_openai}
-LABELS = {"ours": "ours: BackendClient.chat (aiohttp, raw SSE frames, orjson)",
+CLIENTS = {"ours": client_ours, "ours-uvloop": client_ours, "aiohttp": client_aiohttp, "openai": client_openai}
+LABELS = {"ours": "ours: BackendClient.chat (sseproto + orjson), asyncio",
+          "ours-uvloop": "ours: the same on uvloop (as a job runs it)",
           "aiohttp": "aiohttp + orjson, line by line",
           "openai": "openai SDK typed stream"}
 
@@ -280,7 +281,14 @@ def run_client(kind: str, url: str, streams: int, requests: int) -> dict:
         import orchestrator.config  # noqa: F401
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    chunks, errors = anyio.run(CLIENTS[kind], url, streams, requests)
+    options = {}
+    if kind == "ours-uvloop":
+        from orchestrator.sseproto import event_loop_options
+
+        options = event_loop_options()
+        if not options:  # a row that says uvloop must run on it
+            raise SystemExit("uvloop is not installed here")
+    chunks, errors = anyio.run(CLIENTS[kind], url, streams, requests, backend_options=options)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -320,7 +328,8 @@ def measure(kind: str, streams: int, requests: int, interval: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", default="256,1536", help="comma-separated concurrent stream counts")
-    ap.add_argument("--clients", default="ours,aiohttp,openai", help="any of ours,aiohttp,openai")
+    ap.add_argument("--clients", default="ours,ours-uvloop,aiohttp,openai",
+                    help="any of ours,ours-uvloop,aiohttp,openai (all but ours-uvloop on asyncio's own loop)")
     ap.add_argument("--chunks", type=int, default=65536, help="at least this many chunks per measurement")
     ap.add_argument("--step-ms", type=float, default=None,
                     help="server step (one chunk per stream per step); default: streams/25 ms (25k chunks/s)")

@@ -1,7 +1,8 @@
 """The wire: the one place where HTTP and SDK errors become ours. Returns Reply values, never raises for a failed
 request.
 
-Requests stream through aiohttp + orjson (the hot path; the reading itself is sse.py); the openai SDK
+Requests stream through our own protocol-level reader (sseproto.py; aiohttp where it does not apply: https, or
+after a response head it could not read) and orjson (the events themselves: sse.py); the openai SDK
 (max_retries=0) is the client for everything else: model discovery and validation (``discover``). Structured
 output is decided here too: a client sends ``response_format`` until its server refuses it (``send``).
 """
@@ -21,6 +22,7 @@ from .config import Backend
 from .errors import BackendError, ConfigError
 from .reply import ANSWERS, FINISH_SYNONYMS, Reply
 from .sse import StreamState, Watch, read_events
+from .sseproto import ConnectError, Pool, on_asyncio, usable
 
 
 class BackendClient:
@@ -48,6 +50,7 @@ class BackendClient:
         self._first_timeout = first_token_timeout
         self._chunk_timeout = chunk_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None  # the hot path's own connections (sseproto), where they apply
         self._watches: set[Watch] = set()
         self._chat_url = f"{self.url}/chat/completions"
         self.probe_completions = 0  # probe completions sent while out of rotation (not job requests) ...
@@ -56,16 +59,22 @@ class BackendClient:
         self.last_probe_reached_completion = False  # the last probe got past /v1/models and its completion failed
 
     async def __aenter__(self) -> BackendClient:
+        headers = {"Authorization": auth_header(self.backend, self._key), "Content-Type": "application/json"}
+        if usable(self.url) and on_asyncio():
+            self._pool = Pool(self.url, headers, self._connect_timeout)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             connector=connector,
-            headers={"Authorization": auth_header(self.backend, self._key), "Content-Type": "application/json"},
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
             auto_decompress=False,
         )
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -181,16 +190,21 @@ class BackendClient:
             # Only reached when the watchdog cancelled the scope.
             stage = "between chunks" if st.first is not None else "for the first token"
             return self._fail(t0, attempt, f"timed out waiting {stage}", st, health=True)
+        except TimeoutError:
+            # Before the OSError and ClientError clauses: TimeoutError is an OSError (and aiohttp's connect timeout a
+            # ClientError too). Only connecting has a timer on either path; the watchdog times the stream.
+            return self._fail(t0, attempt, "timed out connecting", st, health=True)
         except aiohttp.ClientResponseError as e:
-            return self._fail(t0, attempt, f"HTTP {e.status}", st, status=e.status, health=True)
+            # What both paths raise for a response head they cannot parse (aiohttp's status 400 is its own, not the
+            # server's): the request may have reached the server, so it is no refusal of the request (see send()).
+            why = " ".join(str(e.message or type(e).__name__).split())[:200]
+            return self._fail(t0, attempt, f"connection error: unreadable response head: {why}", st, health=True)
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
             return self._fail(t0, attempt, f"stream cut: {_short(e)}", st, health=True)
-        except aiohttp.ClientConnectorError as e:
+        except (aiohttp.ClientConnectorError, ConnectError) as e:
             return self._fail(t0, attempt, f"connection failed: {_short(e.os_error or e)}", st, health=True)
         except (aiohttp.ClientError, OSError) as e:
             return self._fail(t0, attempt, f"connection error: {_short(e)}", st, health=True)
-        except TimeoutError:
-            return self._fail(t0, attempt, "timed out connecting", st, health=True)
         except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
             return self._fail(t0, attempt, f"malformed stream: {_short(e)}", st, health=True)
         finally:
@@ -200,14 +214,30 @@ class BackendClient:
     async def _stream(self, body: dict[str, Any], attempt: int, on_delta: Callable[[str], None] | None, t0: float,
                       st: StreamState, watch: Watch) -> Reply:
         assert self._session is not None
-        async with self._session.post(self._chat_url, data=orjson.dumps(body)) as resp:
-            if resp.status != 200:
-                text = (await resp.read())[:500].decode("utf-8", "replace")
-                return self._http_error(resp, text, t0, attempt, st)
-            done = await read_events(resp.content, st, watch, on_delta)
-            if not done and st.finish is None:
-                # The body ended without [DONE]: a cut stream unless we already have a finish reason.
-                return self._fail(t0, attempt, "stream cut before it finished", st, health=True)
+        data = orjson.dumps(body)
+        pool = self._pool
+        # A pool retires when a response head could not be read (that request failed, as on aiohttp's path, and is
+        # not sent again): aiohttp carries this backend's later requests.
+        if pool is not None and not pool.retired:
+            try:
+                got = await pool.post(data, st, watch, on_delta)
+            except _EXPECTED:
+                raise
+            except Exception as e:  # a fault of our own reader: a failed request, not a crashed job
+                return self._fail(t0, attempt, f"connection error: {type(e).__name__}: {_short(e)}", st, health=True)
+            if got.status != 200:
+                text = got.body[:500].decode("utf-8", "replace")
+                return self._http_error(got.status, got.retry_after, text, t0, attempt, st)
+            done = got.done
+        else:
+            async with self._session.post(self._chat_url, data=data) as resp:
+                if resp.status != 200:
+                    text = (await resp.read())[:500].decode("utf-8", "replace")
+                    return self._http_error(resp.status, resp.headers.get("Retry-After"), text, t0, attempt, st)
+                done = await read_events(resp.content, st, watch, on_delta)
+        if not done and st.finish is None:
+            # The body ended without [DONE]: a cut stream unless we already have a finish reason.
+            return self._fail(t0, attempt, "stream cut before it finished", st, health=True)
         text = "".join(st.parts)
         finish = st.finish
         if finish is None:
@@ -222,13 +252,12 @@ class BackendClient:
             return self._fail(t0, attempt, "empty answer", st)
         return self._reply(t0, attempt, text, st)
 
-    def _http_error(self, resp: aiohttp.ClientResponse, text: str, t0: float, attempt: int,
+    def _http_error(self, status: int, retry_after: str | None, text: str, t0: float, attempt: int,
                     st: StreamState) -> Reply:
-        status = resp.status
         msg = _error_message(text)
         if status == 429:
             return self._fail(t0, attempt, "HTTP 429 rate limited", st, status=status,
-                              retry_after=_retry_after(resp.headers.get("Retry-After")))
+                              retry_after=_retry_after(retry_after))
         if status >= 500:
             return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), st, status=status, health=True)
         if status in (401, 403):
@@ -255,6 +284,10 @@ class BackendClient:
             attempt=attempt,
             **outcome,
         )
+
+
+# What chat() words itself; anything else the pool raises is worded in _stream.
+_EXPECTED = (aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError)
 
 
 def auth_header(backend: Backend, key: str) -> str:
