@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/published_take.py                      # pipelined and --no-pipeline, time-scale 3
     .venv/bin/python benchmarks/published_take.py --modes pipeline --time-scale 2 --json
     .venv/bin/python benchmarks/published_take.py --cards 24 --modes pipeline --time-scale 8   # the scale check
+    .venv/bin/python benchmarks/published_take.py --modes pipeline --time-scale 3 --timeline docs/timeline.png
 
 Starts N simulated cards (12.94 ms + 0.2451 ms per running stream per step, stream interval 4; cap 256 per card)
 and runs ``--preset published-take`` (8 x 12 x 16 sections, 250 words, 520-token cap) in this process. The
@@ -17,7 +18,9 @@ seconds = wall seconds / time-scale, and the simulator's own lateness is reporte
                   card's last streams run with fewer than 256 beside them (the tail is physics, not scheduling)
 
 ``--json`` prints ``{"efficiency", "write_efficiency", "whole_job_s", "sections", "empty_sections"}`` of the
-first mode last.
+first mode last. ``--timeline PATH`` draws the run in model seconds (orchestrator.timeline: in-flight streams per
+card, planning requests and their critical path, the servers' tokens/s) to PATH, its data beside it (.json); with
+two modes the second's goes to PATH-<mode>.png.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import anyio
 
@@ -37,6 +41,7 @@ from orchestrator import Settings, agenerate
 from orchestrator.config import PRESETS
 from orchestrator.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
 from orchestrator.sim.launch import SimFleet
+from orchestrator.timeline import Timeline
 
 STEP_MS, PER_STREAM_MS, CAP = 12.94, 0.2451, 256
 
@@ -61,7 +66,6 @@ def one_wave_s(lengths: list[int]) -> float:
 class Recorder:
     """Event consumer: section and planning timings (no deltas: it would cost a call per chunk)."""
 
-    wants_deltas = False
 
     def __init__(self) -> None:
         self.started: dict[str, float] = {}
@@ -80,20 +84,27 @@ class Recorder:
             self.failed.append(ev)
 
 
-def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dict | None = None) -> dict:
+def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dict | None = None,
+             timeline: Path | None = None) -> dict:
     preset = dict(PRESETS["published-take"])
     prompt = preset.pop("prompt")
     preset.update(shape or {})
     settings = Settings(**preset, pipeline=pipeline, formats=("md",))
     rec = Recorder()
+    chart = Timeline(time_scale=time_scale)  # model seconds; it reads the job's own /metrics samples
     with SimFleet(cards, time_scale=time_scale, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS, stream_interval=4,
                   startup_timeout=60.0) as fleet:
         cpu0 = time.process_time()
         t0 = time.monotonic()
-        result = anyio.run(lambda: agenerate(prompt, fleet.urls, settings, out=out, on_event=rec, fresh=True))
+        result = anyio.run(lambda: agenerate(prompt, fleet.urls, settings, out=out, on_event=[rec, chart],
+                                             fresh=True))
         wall = time.monotonic() - t0
         cpu = time.process_time() - cpu0
         sims = fleet.all_stats()
+    if timeline is not None:
+        timeline.parent.mkdir(parents=True, exist_ok=True)
+        chart.write(timeline)
+        print(f"[timeline: {timeline} and {timeline.with_suffix('.json')}]", file=sys.stderr, flush=True)
     st = result.stats
     ts = time_scale
     cap = capacity_tok_s(cards)
@@ -135,6 +146,8 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
         "one_wave_s": wave,
         "one_wave_efficiency": st["tokens_written"] / cap / wave if wave else 0.0,
         "drain_s": (last_end - last_start) / ts,
+        # the job's own work after the last section answered (final counters sample, book.md assembled, written)
+        "after_last_s": whole - (last_end - rec.t_job) / ts if rec.t_job else 0.0,
         "first_section_s": first_section / ts,
         "server_sustained_tok_s": (sc.get("sustained_tok_s") or 0.0) * ts,
         "server_best_second_tok_s": (sc.get("best_second_tok_s") or 0.0) * ts,
@@ -159,7 +172,8 @@ def print_table(rows: list[dict]) -> None:
     cols2 = [("mode", "mode", "{}"), ("efficiency", "efficiency", "{:.3f}"),
              ("write eff.", "write_efficiency", "{:.3f}"), ("one-wave s", "one_wave_s", "{:.2f}"),
              ("one-wave eff.", "one_wave_efficiency", "{:.3f}"), ("1st section s", "first_section_s", "{:.2f}"),
-             ("drain s", "drain_s", "{:.2f}"), ("sustained tok/s", "server_sustained_tok_s", "{:,.0f}"),
+             ("drain s", "drain_s", "{:.2f}"), ("after last s", "after_last_s", "{:.2f}"),
+             ("sustained tok/s", "server_sustained_tok_s", "{:,.0f}"),
              ("empty", "empty_sections", "{}"), ("planning req.", "planning_requests", "{}"),
              ("errors", "request_errors", "{}"), ("max in flight", "max_in_flight", "{}"),
              ("sim late s", "sim_late_s", "{:.2f}"), ("client CPU s", "orchestrator_cpu_s", "{:.1f}"),
@@ -194,13 +208,17 @@ def main() -> None:
     ap.add_argument("--chapters", type=int)
     ap.add_argument("--sections", type=int)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--timeline", type=Path, metavar="PATH",
+                    help="draw the run (model seconds) to PATH (a .png) and write its data beside it (.json)")
     a = ap.parse_args()
     shape = {k: v for k, v in (("parts", a.parts), ("chapters", a.chapters), ("sections", a.sections)) if v}
     modes = ["strict"] if a.no_pipeline else [m.strip() for m in a.modes.split(",") if m.strip()]
     rows = []
-    for m in modes:
+    for i, m in enumerate(modes):
+        chart = a.timeline if a.timeline is None or i == 0 else a.timeline.with_name(
+            f"{a.timeline.stem}-{m}{a.timeline.suffix}")
         with tempfile.TemporaryDirectory() as d:
-            rows.append(run_once(a.cards, m == "pipeline", a.time_scale, d, shape))
+            rows.append(run_once(a.cards, m == "pipeline", a.time_scale, d, shape, chart))
         print(f"[{m}: done in {rows[-1]['wall_s']:.0f} s wall]", file=sys.stderr, flush=True)
     print_table(rows)
     if a.json:

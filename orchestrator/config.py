@@ -86,6 +86,7 @@ class Settings:
     minutes: float | None = None
     ladder: str | None = None
     forecast: bool = False
+    timeline: bool = False  # also write timeline.png and timeline.json: the run as a picture (orchestrator.timeline)
 
     def __post_init__(self) -> None:
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):

@@ -25,6 +25,7 @@ from .outline import Outline
 from .report import JobRecord, build_stats
 
 if TYPE_CHECKING:
+    from .timeline import Timeline
     from .writing import Written
 
 log = logging.getLogger("handbook")
@@ -71,6 +72,7 @@ class JobInfo:
     model: str
     t_start: float  # time.monotonic() when the job started
     forecast: dict[str, Any] | None = None  # forecast.json, when a forecast was made
+    timeline: Timeline | None = None  # --timeline: the consumer that saw the run (timeline.png, timeline.json)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     for warning in stats["warnings"]:  # e.g. a backend that sent no usage: tokens_written undercounts
         log.warning("%s", warning)
     _write_stats(job.out_dir, stats, paths)
+    paths.update(_write_timeline(job, t_end))
     paths["journal"] = journal_path
     return Draft(book, record, stats, defects, paths, failed, stop, status)
 
@@ -156,6 +159,7 @@ def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict
         "outline": job.out_dir / FILENAME if edited else write_outline_md(planned, job.out_dir),
         "outline_json": write_json(job.out_dir / "outline.json", planned.to_json()),  # as planned
         "forecast": write_json(job.out_dir / "forecast.json", fc),
+        **_write_timeline(job, time.monotonic()),
     }
     return Planned(outline, fc, paths, True, interrupted=written.stop == "interrupt", kept_edits=edited)
 
@@ -214,6 +218,17 @@ def _write_outputs(out_dir: Path, book: Book, outline: Outline) -> dict[str, Pat
     (out_dir / "book.md").write_text(book.markdown, encoding="utf-8")
     (out_dir / "outline.json").write_bytes(orjson.dumps(outline.to_json(), option=orjson.OPT_INDENT_2))
     return {"md": out_dir / "book.md", "outline": out_dir / "outline.json"}
+
+
+def _write_timeline(job: JobInfo, t_end: float) -> dict[str, Path]:
+    """timeline.png and timeline.json (--timeline). A chart that cannot be drawn is a warning: the book is written."""
+    if job.timeline is None:
+        return {}
+    try:
+        return job.timeline.write(job.out_dir / "timeline.png", job.out_dir / "timeline.json", t_end=t_end)
+    except Exception as e:  # matplotlib missing or failing must not cost the job its exit code
+        log.warning("timeline.png not written (%s: %s)", type(e).__name__, e)
+        return {}
 
 
 def _write_stats(out_dir: Path, stats: dict[str, Any], paths: dict[str, Path]) -> None:

@@ -36,6 +36,8 @@ from .outline import Outline
 from .planning import Planner
 from .profiles import resolve_profile
 from .prompts import render
+from .sseproto import event_loop_options
+from .timeline import Timeline
 from .writing import Writer, stopped_message
 
 log = logging.getLogger("handbook")
@@ -221,7 +223,8 @@ def generate(
     """
     return anyio.run(
         partial(agenerate, prompt, backends, settings, out, on_event, deltas=deltas, fresh=fresh,
-                handle_sigint=handle_sigint)
+                handle_sigint=handle_sigint),
+        backend_options=event_loop_options(),  # uvloop where installed: the client's reads cost less
     )
 
 
@@ -283,6 +286,9 @@ class _Job:
         caps = ensure_open_files([b.cap for b, _ in usable])
         urls = tuple(b.url for b, _ in usable)
         fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
+        timeline = Timeline(caps=dict(zip(urls, caps, strict=True))) if settings.timeline else None  # --timeline
+        if timeline is not None:
+            bus.consumers.append(timeline)
         t_start = time.monotonic()
         bus(JobStarted(self.prompt, urls, settings.public(), t_start))
         if forecast is not None:
@@ -310,7 +316,7 @@ class _Job:
             self.requests = written.requests
         plan_levels = [n - r for n, r in zip(planner.level_requests, dispatcher.resumed_levels, strict=False)]
 
-        job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast)
+        job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast, timeline)
         if self.mode.plan_only:
             self.status = "planned" if written.outline is not None else draft_status(written.stop)
             planned = save_plan(job, written, partial(self._plan_forecast, fits))

@@ -249,3 +249,20 @@ def test_a_plan_on_a_server_without_metrics_still_writes_the_outline(tmp_path):
     assert "no forecast:" in proc.stderr
     assert json.loads((tmp_path / "b" / "forecast.json").read_text())["available"] is False
     assert read_outline_md(tmp_path / "b" / "outline.md").shape == (1, 1, 2)
+
+
+def test_write_without_backends_uses_the_plans_at_the_cap_asked(cards, tmp_path):
+    """No --backend: write runs on the backends the plan ran on, each at the cap it had then, unless --cap says
+    otherwise (the timeline shows what each card actually carried)."""
+    for cap in (None, 2):
+        out = tmp_path / f"book-{cap}"
+        assert handbook("plan", PROMPT, *backend_flags(cards.urls), "--cap", "4", "--parts", "1", "--chapters",
+                        "2", "--sections", "6", "--out", str(out), "-q").returncode == 0
+        extra = [] if cap is None else ["--cap", str(cap)]
+        proc = handbook("write", str(out), "--format", "md", "--timeline", "-q", *extra)
+        assert proc.returncode == 0, proc.stderr
+        line = json.loads((out / "timeline.json").read_text())
+        assert set(line["backends"]) <= set(cards.urls)
+        assert set(line["caps"].values()) == {cap or 4}
+        assert 1 <= max(line["max_in_flight"].values()) <= (cap or 4)
+        assert sum(r["kind"] == "section" for r in line["requests"]) == 12

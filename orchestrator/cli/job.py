@@ -79,6 +79,9 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-token-timeout", type=float, metavar="S", help="seconds to wait for a first token")
     p.add_argument("--chunk-timeout", type=float, metavar="S", help="seconds to wait between streamed chunks")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    p.add_argument("--timeline", action="store_true",
+                   help="also write OUT/timeline.png (in-flight streams per card, planning requests and their "
+                   "critical path, the servers' tokens/s) and its data, OUT/timeline.json")
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,6 +146,7 @@ def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], A
         "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
         "system": args.system, "planning": args.planning, "finish_truncated": args.finish_truncated or None,
         "pages": args.pages, "minutes": args.minutes, "forecast": args.forecast or None,
+        "timeline": args.timeline or None,
         "ladder": os.path.abspath(args.ladder) if args.ladder else None,  # a later `write` may run elsewhere
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})
@@ -213,9 +217,12 @@ def run_with_displays(call, settings, args: argparse.Namespace, report: Callable
     """Run ``call(on_event, deltas)`` (a job, a plan, a write) under the terminal progress and the live feed as
     the flags ask; ``report(result)`` prints the outcome and gives the exit code."""
     logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
+    from ..sseproto import event_loop_options
+
     done: dict[str, int] = {}
     try:
-        anyio.run(_run_with_displays, call, settings, args, report, done)
+        anyio.run(_run_with_displays, call, settings, args, report, done,
+                  backend_options=event_loop_options())  # uvloop where installed: the client's reads cost less
     except KeyboardInterrupt:
         if "code" in done:  # the job had finished; Ctrl-C only closed the lingering feed
             return done["code"]
@@ -239,8 +246,9 @@ def report(result) -> int:
     line = server_counted_line(result.stats)
     if line:
         console.print(line, markup=False)
+    width = max((len(key) for key in result.paths), default=0)
     for key, path in result.paths.items():
-        console.print(f"{key:>10}: {path}")
+        console.print(f"{key:>{width}}: {path}")
     summary = defects_summary(result.defects)
     if summary:
         console.print(f"   defects: {summary}", markup=False)

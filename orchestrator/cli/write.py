@@ -24,7 +24,8 @@ from .job import (
 
 # flag -> the setting it overrides (the only ones `write` may change: stepwise.WRITE_OVERRIDES)
 _FLAGS = {"api_key": "api_key", "cap": "cap", "attempts": "attempts", "first_token_timeout": "first_token_timeout_s",
-          "chunk_timeout": "chunk_timeout_s", "format": "formats", "ladder": "ladder", "forecast": "forecast"}
+          "chunk_timeout": "chunk_timeout_s", "format": "formats", "ladder": "ladder", "forecast": "forecast",
+          "timeline": "timeline"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,16 +52,19 @@ def run(args: argparse.Namespace) -> int:
         values["api_key"] = os.environ["OPENAI_API_KEY"]
     overrides = settings_from(values)
     _, settings = write_settings(out_dir, overrides, frozenset(values))
-    backends = backends_of(args, {"cap": settings.cap}) or _planned_backends(out_dir, settings.cap)
+    backends = backends_of(args, {"cap": settings.cap}) or _planned_backends(out_dir, settings.cap,
+                                                                              keep_cap=args.cap is None)
     return run_with_displays(partial(_write, out_dir, backends, settings, outline), settings, args, report)
 
 
-def _planned_backends(out_dir: Path, cap: int) -> list[Backend]:
-    """No --backend and no $HANDBOOK_BACKENDS: the backends the plan was made on (none: the embedded engine)."""
+def _planned_backends(out_dir: Path, cap: int, *, keep_cap: bool) -> list[Backend]:
+    """No --backend and no $HANDBOOK_BACKENDS: the backends the plan was made on (none: the embedded engine),
+    each at the cap it had then unless ``--cap`` says otherwise (``keep_cap`` False)."""
     peeked = peek_job(out_dir / JOURNAL_FILE)
     if peeked is None:
         return []
-    return [Backend(str(b["url"]), cap=int(b.get("cap", cap))) for b in peeked[2] if isinstance(b, dict) and "url" in b]
+    return [Backend(str(b["url"]), cap=int(b.get("cap", cap)) if keep_cap else cap)
+            for b in peeked[2] if isinstance(b, dict) and "url" in b]
 
 
 def _write(out_dir, backends, settings, outline, on_event, deltas):
