@@ -53,6 +53,8 @@ bench: install
 	$(PY) benchmarks/typeset.py
 	$(PY) benchmarks/client_overhead.py
 	$(PY) benchmarks/published_take.py
+	$(PY) benchmarks/planning_levers.py
+	$(PY) benchmarks/one_process_ceiling.py
 
 # Ruff (with the async and RUF rules) and mypy; .ci/run runs this before the tests.
 lint: install

@@ -52,6 +52,8 @@ def child(urls: list[str], words: int, max_tokens: int) -> dict:
 
     from orchestrator import Settings, agenerate
     from orchestrator.config import PRESETS
+    from orchestrator.events import NodeFailed
+    from orchestrator.sseproto import event_loop_options
 
     cards = len(urls)
     preset = dict(PRESETS["published-take"])
@@ -59,6 +61,12 @@ def child(urls: list[str], words: int, max_tokens: int) -> dict:
     preset.update(parts=cards, chapters=16, sections=16, words=words, max_tokens=max_tokens, cap=CARD_CAP)
     settings = Settings(**preset, formats=("md",))
     lags: list[float] = []
+    failures: dict[str, int] = {}  # why attempts failed: on fault-free cards, a failure is a finding
+
+    def on_event(ev) -> None:
+        if isinstance(ev, NodeFailed):
+            why = f"{ev.kind}: {ev.error.split(':')[0]}"
+            failures[why] = failures.get(why, 0) + 1
 
     async def job():
         async def lag_probe() -> None:  # how late the loop wakes a 0.25 s sleep: a busy loop answers late
@@ -70,14 +78,14 @@ def child(urls: list[str], words: int, max_tokens: int) -> dict:
         with tempfile.TemporaryDirectory() as out:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lag_probe)
-                result = await agenerate(prompt, urls, settings, out=out, fresh=True)
+                result = await agenerate(prompt, urls, settings, out=out, on_event=on_event, fresh=True)
                 tg.cancel_scope.cancel()
         return result
 
     rchar0 = _rchar()
     cpu0 = time.process_time()
     t0 = time.monotonic()
-    result = anyio.run(job)
+    result = anyio.run(job, backend_options=event_loop_options())  # the loop a job runs on (uvloop here)
     wall = time.monotonic() - t0
     cpu = time.process_time() - cpu0
     st = result.stats
@@ -90,6 +98,7 @@ def child(urls: list[str], words: int, max_tokens: int) -> dict:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "bytes_read": _rchar() - rchar0,
         "lag_p95_ms": 1000 * lags[int(0.95 * (len(lags) - 1))] if lags else 0.0,
+        "failures": failures,
     }
 
 
@@ -183,6 +192,7 @@ def step(cards: int, time_scale: float, words: int, max_tokens: int) -> dict:
         "queued_kb_median": q_med / 1024, "queued_kb_max": max((q for _, q, _ in samples), default=0) / 1024,
         "queued_ms": q_ms, "lag_p95_ms": r["lag_p95_ms"], "sim_late_s": late, "model_job_s": model_job_s,
         "wall_s": r["wall_s"], "empty": r["empty"], "failed": r["failed"], "errors": r["errors"],
+        "failures": r["failures"],
         "behind": "both" if client_behind and sim_behind else
         ("client" if client_behind else ("sim" if sim_behind else "no")),
     }
@@ -210,6 +220,10 @@ def print_table(rows: list[dict], time_scale: float) -> None:
         print("  ".join(x.rjust(w) for x, w in zip(c, widths, strict=True)))
     print(f"behind: the client when the median kernel queue toward it while writing is >= {CLIENT_BEHIND_MS:.0f} ms "
           f"of traffic; the simulator when its late seconds exceed {SIM_BEHIND_SHARE:.0%} of the model job time")
+    for r in rows:
+        if r["failures"]:
+            print(f"{r['cards']} cards: failed attempts by reason: "
+                  + "; ".join(f"{k} x{v}" for k, v in sorted(r["failures"].items())))
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from markdown_it import MarkdownIt
 
@@ -49,6 +50,13 @@ class SectionText:
     @property
     def empty(self) -> bool:
         return self.error is None and not self.text.strip()
+
+    @cached_property
+    def body(self) -> str:
+        """:func:`section_body`, computed once: the Writer asks for it as the section lands, so that assembling
+        the book after the last section (on the job's critical path) and counting its defects only join texts.
+        (A cached_property sets the instance's ``__dict__`` directly, which a frozen dataclass allows.)"""
+        return _section_body(self)
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,11 @@ def close_fences(text: str) -> str:
 
 
 def section_body(s: SectionText) -> str:
+    """:attr:`SectionText.body`: the section as book.md prints it (computed once per section)."""
+    return s.body
+
+
+def _section_body(s: SectionText) -> str:
     """A written section's text as book.md prints it under its ``####`` heading: cut back to its last complete
     sentence when the token cap stopped it (so the book never stops mid-word), its own headings demoted, a code
     fence left open closed. A section the model ended itself keeps every complete line, but loses a tail that is
@@ -156,5 +169,5 @@ def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = 
                 if s.error is not None:
                     out += [f"> **This section is missing**: {s.error}", ""]
                 elif s.text.strip():
-                    out += [section_body(s), ""]
+                    out += [s.body, ""]
     return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")

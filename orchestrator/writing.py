@@ -199,6 +199,9 @@ class Writer:
         )
         if r.ok:
             self.bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
+            # The text as book.md prints it, made now while other sections are still being written: assembling
+            # the book after the last one then only joins texts (~0.7 ms a section off the critical path).
+            _ = self.sections[ref.path].body
         if outcome.attempts:
             self.t_write_end = time.monotonic()
 

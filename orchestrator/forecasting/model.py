@@ -8,7 +8,7 @@ Tokens and words come from :mod:`.lengths`, pages from :mod:`.pages`.
 ``whole_job_s`` spans what stats.json's does: from JobStarted (after discovering the backends) to the book on
 disk before typesetting, i.e. the requests plus the job's own work around them: the clients and the first
 request (``STARTUP_S``) and, after the last answer, the final metrics sample, assembling book.md and writing it
-(``ASSEMBLE_S`` + ``ASSEMBLE_S_PER_SECTION`` x sections: about 1% of a job).
+(``ASSEMBLE_S`` + ``ASSEMBLE_S_PER_SECTION`` x sections: a fraction of a second).
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ __all__ = ["Forecast", "StepFit", "forecast"]
 
 # The job's own work around the requests, measured by benchmarks/forecast_accuracy.py on this project's 2-core
 # machine: JobStarted -> the first request 0.001-0.004 s (clients opened, fleet and sampler started); the last
-# section answered -> book.md written 0.08 s for 108 sections, 0.10 s for 192, 1.07 s for 1,536 (the final
-# metrics sample, then assembling: a markdown-it parse and the cut back of each section, outline.json).
+# section answered -> book.md written: the final metrics sample, then joining the sections' texts (each is parsed
+# and cut back as it lands: SectionText.body) and writing book.md and outline.json, 0.06 s for 1,536 sections
+# (benchmarks/published_take.py "after last s", 0.02 model s at time-scale 3; it was 1.07 s before the bodies were
+# made as sections landed).
 STARTUP_S = 0.005
 ASSEMBLE_S = 0.02
-ASSEMBLE_S_PER_SECTION = 0.0007
+ASSEMBLE_S_PER_SECTION = 0.00003
 
 
 @dataclass(frozen=True)
