@@ -86,17 +86,8 @@ class _Policy(fsim._Run):
                 if node.level == fsim.SECTION:
                     break  # sections are served in order: none may pass the one that waits
                 continue
-            self.run[i] += 1
             self.planning[i] += node.level <= self.protect
-            v0 = self.v[i]
-            heapq.heappush(self.due[i], (v0 + node.tokens, next(self.seq), item[2], -1))
-            for c, off in enumerate(node.offsets):
-                heapq.heappush(self.due[i], (v0 + min(off, node.tokens), next(self.seq), item[2], c))
-            if node.level == fsim.SECTION:
-                self.sections[i] += 1
-                if self.first_section is None:
-                    self.first_section = self.t
-            self.tokens[i] += node.tokens
+            self._start(i, item[2])
         for item in held:
             heapq.heappush(self.ready, item)
 

@@ -129,18 +129,22 @@ class _Run:
             if i < 0:
                 return
             _, _, k = heapq.heappop(self.ready)
-            node = self.nodes[k]
-            self.run[i] += 1
-            v0 = self.v[i]
-            heapq.heappush(self.due[i], (v0 + node.tokens, next(self.seq), k, -1))
-            if self.pipeline:
-                for c, off in enumerate(node.offsets):
-                    heapq.heappush(self.due[i], (v0 + min(off, node.tokens), next(self.seq), k, c))
-            if node.level == SECTION:
-                self.sections[i] += 1
-                if self.first_section is None:
-                    self.first_section = self.t
-            self.tokens[i] += node.tokens
+            self._start(i, k)
+
+    def _start(self, i: int, k: int) -> None:
+        """Node ``k`` runs on backend ``i`` from now: its end and (pipeline) its children's titles fall due."""
+        node = self.nodes[k]
+        self.run[i] += 1
+        v0 = self.v[i]
+        heapq.heappush(self.due[i], (v0 + node.tokens, next(self.seq), k, -1))
+        if self.pipeline:
+            for c, off in enumerate(node.offsets):
+                heapq.heappush(self.due[i], (v0 + min(off, node.tokens), next(self.seq), k, c))
+        if node.level == SECTION:
+            self.sections[i] += 1
+            if self.first_section is None:
+                self.first_section = self.t
+        self.tokens[i] += node.tokens
 
     def _next_event(self) -> tuple[int, float]:
         best, t_best = -1, float("inf")
