@@ -271,10 +271,17 @@ def draw(data: dict[str, Any], png: str | Path) -> Path:
         if steps:
             ts, ns = zip(*steps, strict=True)
             ax1.step(ts, ns, where="post", color=colours[url], lw=1, label=names[url])
-    for cap in sorted({c for c in data["caps"].values() if c}):
+    # The axis follows the streams: a cap far above the peak (a small job on big cards) would flatten them to the
+    # floor, so such a cap is named in the title rather than drawn.
+    peak = max([n for n in data["max_in_flight"].values()] + [1])
+    caps = sorted({c for c in data["caps"].values() if c})
+    drawn = [c for c in caps if c <= 2 * peak]
+    for cap in drawn:
         ax1.axhline(cap, color="0.4", ls="--", lw=0.8, label=f"cap {cap}")
+    far = [c for c in caps if c not in drawn]
     ax1.set_ylabel("streams in flight")
-    ax1.set_title("in-flight streams per card", loc="left", fontsize=10)
+    ax1.set_title("in-flight streams per card" + (f" (cap {', '.join(map(str, far))}, off the axis)" if far else ""),
+                  loc="left", fontsize=10)
     ax1.legend(loc="upper right", fontsize=7, ncols=min(4, len(backends) + 1))
 
     _planning_panel(ax2, data)
@@ -296,8 +303,7 @@ def draw(data: dict[str, Any], png: str | Path) -> Path:
         ax.set_xlim(0, max(data["end"], 1e-3))
         if last is not None:
             ax.axvline(last, color="crimson", ls=":", lw=1)
-    top = max([c for c in data["caps"].values() if c] + [n for n in data["max_in_flight"].values()] + [1])
-    ax1.set_ylim(0, 1.25 * top)
+    ax1.set_ylim(0, 1.25 * max([*drawn, peak]))
     png = Path(png)
     fig.savefig(png)
     return png
