@@ -12,7 +12,7 @@ from functools import cached_property
 from markdown_it import MarkdownIt
 
 from .cutback import cut_back
-from .outline import Outline
+from .outline import Outline, SectionRef
 from .repair import norm_title
 
 INTERRUPTED = "interrupted before it was written"
@@ -155,19 +155,34 @@ def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = 
     out: list[str] = [f"# {outline.title}", ""]
     ordered: list[SectionText] = []
     refs = {r.path: r for r in outline.sections()}
-    for pi, part in enumerate(outline.parts, 1):
-        out += [f"## {part.title}", ""]
-        for ci, chapter in enumerate(part.chapters, 1):
-            out += [f"### {chapter.title}", ""]
-            for si, title in enumerate(chapter.sections, 1):
-                path = f"{pi}.{ci}.{si}"
-                s = sections.get(path)
-                if s is None or s.title != title:
-                    s = SectionText(path, refs[path].part, refs[path].chapter, title, "", error=missing)
-                ordered.append(s)
-                out += [f"#### {title}", ""]
-                if s.error is not None:
-                    out += [f"> **This section is missing**: {s.error}", ""]
-                elif s.text.strip():
-                    out += [s.body, ""]
+    for pi in range(1, len(outline.parts) + 1):
+        out += _part_lines(outline, pi, sections, missing, refs, ordered)
     return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")
+
+
+def part_markdown(outline: Outline, pi: int, sections: dict[str, SectionText], missing: str = "not written") -> str:
+    """Part ``pi`` (from 1) as :func:`assemble` writes it into book.md, under the book's title line: what
+    typesetting while writing lays out as soon as the part's last section is in (typeset/background.py)."""
+    refs = {r.path: r for r in outline.sections() if r.path.startswith(f"{pi}.")}
+    out = [f"# {outline.title}", "", *_part_lines(outline, pi, sections, missing, refs, [])]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _part_lines(outline: Outline, pi: int, sections: dict[str, SectionText], missing: str,
+                refs: dict[str, SectionRef], ordered: list[SectionText]) -> list[str]:
+    part = outline.parts[pi - 1]
+    out = [f"## {part.title}", ""]
+    for ci, chapter in enumerate(part.chapters, 1):
+        out += [f"### {chapter.title}", ""]
+        for si, title in enumerate(chapter.sections, 1):
+            path = f"{pi}.{ci}.{si}"
+            s = sections.get(path)
+            if s is None or s.title != title:
+                s = SectionText(path, refs[path].part, refs[path].chapter, title, "", error=missing)
+            ordered.append(s)
+            out += [f"#### {title}", ""]
+            if s.error is not None:
+                out += [f"> **This section is missing**: {s.error}", ""]
+            elif s.text.strip():
+                out += [s.body, ""]
+    return out

@@ -87,6 +87,9 @@ class Settings:
     ladder: str | None = None
     forecast: bool = False
     timeline: bool = False  # also write timeline.png and timeline.json: the run as a picture (orchestrator.timeline)
+    # lay out each part of the PDF as soon as its last section is in (orchestrator/typeset/background.py); False:
+    # the whole PDF after the last section, as before
+    typeset_while_writing: bool = True
 
     def __post_init__(self) -> None:
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):

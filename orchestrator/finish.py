@@ -26,6 +26,7 @@ from .report import JobRecord, build_stats
 
 if TYPE_CHECKING:
     from .timeline import Timeline
+    from .typeset.background import BackgroundTypesetter
     from .writing import Written
 
 log = logging.getLogger("handbook")
@@ -169,12 +170,14 @@ def write_json(path: Path, data: Any) -> Path:
     return path
 
 
-async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None]) -> Result:
-    """Typeset book.html/book.pdf when asked for (and the book is whole), tell the consumers, return the Result."""
+async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None],
+                  background: BackgroundTypesetter | None = None) -> Result:
+    """Typeset book.html/book.pdf when asked for (and the book is whole), tell the consumers, return the Result.
+    ``background``: what was laid out while writing (typeset/background.py); the caller closes it."""
     stats = draft.stats
     typeset_error = None
     if draft.stop is None and any(f in job.settings.formats for f in ("html", "pdf")):
-        record = await _typeset(job, draft.book, draft.paths, draft.record)
+        record = await _typeset(job, draft.book, draft.paths, draft.record, background)
         typeset_error = record.typeset_error
         stats = build_stats(record)
         _write_stats(job.out_dir, stats, draft.paths)
@@ -183,15 +186,18 @@ async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None]) -> R
                   draft.failed, interrupted=draft.stop == "interrupt", typeset_error=typeset_error)
 
 
-async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: JobRecord) -> JobRecord:
+async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: JobRecord,
+                   background: BackgroundTypesetter | None) -> JobRecord:
     """Lay out book.html/book.pdf; the record gains the time and pages, or ``typeset_error``: a one-line message
     saying what broke (book.md, stats, defects and the journal are already written, so nothing is lost)."""
     from .typeset import typeset
+    from .typeset.background import layout_split
 
     formats = [f for f in job.settings.formats if f != "md"]
     try:
+        prepared = None if background is None else background.handover()
         info = await anyio.to_thread.run_sync(
-            lambda: typeset(book.markdown, job.out_dir, formats, job.settings.templates)
+            lambda: typeset(book.markdown, job.out_dir, formats, job.settings.templates, prepared=prepared)
         )
     except Exception as e:  # WeasyPrint, a template, a worker: whatever broke, the Markdown book stands
         why = " ".join(str(e).split())[:300] or type(e).__name__
@@ -202,7 +208,9 @@ async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: Job
         paths["pdf"] = info.pdf_path
     if info.html_path:
         paths["html"] = info.html_path
-    return replace(record, typeset_s=info.seconds, pdf_pages=info.pdf_pages)
+    t_pdf = time.monotonic() if info.pdf_pages is not None else None
+    return replace(record, typeset_s=info.seconds, pdf_pages=info.pdf_pages, t_pdf=t_pdf,
+                   typeset_cpu_s=layout_split(list(info.layout), record.t_write_end) if info.layout else None)
 
 
 def _mark_incomplete(markdown: str, reason: str, written: int, total: int, planned: bool) -> str:

@@ -49,6 +49,8 @@ class JobRecord:
     typeset_s: float | None = None
     pdf_pages: int | None = None
     typeset_error: str | None = None  # why book.html/book.pdf could not be made
+    t_pdf: float | None = None  # book.pdf on disk
+    typeset_cpu_s: dict[str, float] | None = None  # typeset/background.layout_split: layout CPU around the last section
     forecast: dict[str, Any] | None = None  # forecast.json of this run, when one was made
 
 
@@ -98,6 +100,11 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "words": words,
         "pages_at_300_words": round(words / 300),
         "typeset_s": None if rec.typeset_s is None else round(rec.typeset_s, 2),
+        # the reader's wait: from the job's start, and from the last section finished, to book.pdf on disk
+        "pdf_ready_s": None if rec.t_pdf is None else round(rec.t_pdf - rec.t_start, 3),
+        "typeset_after_write_s": (None if rec.t_pdf is None
+                                  else round(rec.t_pdf - (rec.t_write_end or rec.t_end), 3)),
+        "typeset_cpu_s": rec.typeset_cpu_s,
         "pdf_pages": rec.pdf_pages,
         "requests": len(rec.replies),
         "planning_requests": len(plan_replies),

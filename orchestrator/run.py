@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -39,6 +39,10 @@ from .prompts import render
 from .sseproto import event_loop_options
 from .timeline import Timeline
 from .writing import Writer, stopped_message
+
+if TYPE_CHECKING:
+    from .profiles import Profile
+    from .typeset.background import BackgroundTypesetter
 
 log = logging.getLogger("handbook")
 
@@ -277,8 +281,6 @@ class _Job:
 
     async def run(self, backends: list[Backend], usable: list[tuple[Backend, str]] | None = None) -> Result | Planned:
         """``usable``: the backends as discovered already (a budget was fitted on them), else discovered here."""
-        from .metrics import MetricsSampler
-
         settings, bus, journal = self.settings, self.bus, self.journal
         if usable is None:
             usable = await discover_all(backends, settings)
@@ -301,6 +303,24 @@ class _Job:
         if self.mode == Mode() and journal.outline is not None:
             _warn_if_edited(self.out_dir, journal.outline)
         writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint)
+        background = None if self.mode.plan_only else _background(settings)
+        if background is not None:
+            bus.consumers.append(background)
+            writer.on_section = background.section_landed
+        try:
+            return await self._write_and_publish(writer, background, usable, caps, urls, fits, forecast, t_start,
+                                                 timeline, profile)
+        finally:
+            if background is not None:
+                await anyio.to_thread.run_sync(background.close)
+
+    async def _write_and_publish(self, writer: Writer, background: BackgroundTypesetter | None,
+                                 usable: list[tuple[Backend, str]], caps: list[int], urls: tuple[str, ...],
+                                 fits: list[StepFit], forecast: dict[str, Any] | None, t_start: float,
+                                 timeline: Timeline | None, profile: Profile) -> Result | Planned:
+        settings, bus, journal = self.settings, self.bus, self.journal
+        from .metrics import MetricsSampler
+
         async with _clients(usable, settings) as clients:
             fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
             dispatcher = Dispatcher(fleet, bus, settings.attempts, self.deltas, journal=journal)
@@ -326,7 +346,7 @@ class _Job:
         draft = save_book(job, written, tuple(plan_levels), journal.path)
         self.status = draft.status
         journal.end_run(self.status, self.requests)
-        result = await publish(job, draft, bus)
+        result = await publish(job, draft, bus, background)
         if written.stop == "all-down":
             raise BackendError(stopped_message(journal, str(written.all_down_error)))
         return result
@@ -358,6 +378,26 @@ class _Job:
         if not fits:
             return {"available": False, "reason": self.no_forecast or "no step times"}
         return forecast_json(forecast_of(outline, self.settings, fits, planned=True), self.budget)
+
+
+def _background(settings: Settings) -> BackgroundTypesetter | None:
+    """Typesetting while writing (orchestrator/typeset/background.py): when the job makes a PDF, has not turned it
+    off (--typeset-after-writing), and the machine has a core to spare for it."""
+    import importlib.util
+
+    if not settings.typeset_while_writing or "pdf" not in settings.formats:
+        return None
+    if importlib.util.find_spec("weasyprint") is None:
+        return None  # the final layout says so, once book.md is safe
+    from .resources import template_dirs
+    from .typeset.background import BackgroundTypesetter
+    from .typeset.pdf import default_workers
+
+    workers = default_workers()
+    if workers < 2:
+        return None
+    return BackgroundTypesetter([str(d) for d in template_dirs(settings.templates)], workers=workers,
+                                want_fragments="html" in settings.formats)
 
 
 def _warn_if_edited(out_dir: Path, outline: Outline) -> None:

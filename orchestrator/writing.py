@@ -87,6 +87,8 @@ class Writer:
         self.resumed_sections = 0
         self.t_write_start: float | None = None
         self.t_write_end: float | None = None
+        # told of every section stored (written, failed or resumed): typesetting while writing
+        self.on_section: Callable[[SectionText], None] | None = None
 
     async def run(self, fleet: Fleet, dispatcher: Dispatcher, planner: Planner, sampler: MetricsSampler, *,
                   outline: Outline | None = None, plan_only: bool = False) -> Written:
@@ -202,6 +204,8 @@ class Writer:
             # The text as book.md prints it, made now while other sections are still being written: assembling
             # the book after the last one then only joins texts (~0.7 ms a section off the critical path).
             _ = self.sections[ref.path].body
+        if self.on_section is not None:
+            self.on_section(self.sections[ref.path])
         if outcome.attempts:
             self.t_write_end = time.monotonic()
 

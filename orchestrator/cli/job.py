@@ -82,6 +82,9 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also write OUT/timeline.png (in-flight streams per card, planning requests and their "
                    "critical path, the servers' tokens/s) and its data, OUT/timeline.json")
+    p.add_argument("--typeset-after-writing", action="store_true",
+                   help="lay out the whole PDF after the last section (default: each part as soon as its last "
+                   "section is in, on idle cores, at low priority)")
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,6 +150,7 @@ def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], A
         "system": args.system, "planning": args.planning, "finish_truncated": args.finish_truncated or None,
         "pages": args.pages, "minutes": args.minutes, "forecast": args.forecast or None,
         "timeline": args.timeline or None,
+        "typeset_while_writing": False if args.typeset_after_writing else None,
         "ladder": os.path.abspath(args.ladder) if args.ladder else None,  # a later `write` may run elsewhere
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})

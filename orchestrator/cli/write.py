@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--model cannot change between `handbook plan` and `handbook write`: the journal "
                           "records the model the outline was made with")
     values = {setting: getattr(args, flag) for flag, setting in _FLAGS.items() if getattr(args, flag)}
+    if args.typeset_after_writing:
+        values["typeset_while_writing"] = False
     if "ladder" in values:
         values["ladder"] = os.path.abspath(values["ladder"])
     if "api_key" not in values and os.environ.get("OPENAI_API_KEY"):

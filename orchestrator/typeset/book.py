@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from markupsafe import Markup
 
@@ -35,6 +36,9 @@ from .html import (
     render_markdown,
     toc_entries,
 )
+
+if TYPE_CHECKING:
+    from .pdf import Prepared
 
 __all__ = ["FORMATS", "TypesetInfo", "parse_formats", "typeset", "typeset_to"]
 
@@ -53,6 +57,7 @@ class TypesetInfo:
     workers: int = 0
     chunks: int = 0
     worker_peak_rss_mb: float | None = None  # the largest peak RSS of any one layout process
+    layout: tuple[tuple[float, float, float, bool], ...] = ()  # per chunk: see PdfRun.layout
 
 
 def _template_dirs(templates: str | Path | None) -> list[str]:
@@ -79,6 +84,7 @@ def typeset(
     templates: str | None = None,
     *,
     workers: int | None = None,
+    prepared: Prepared | None = None,
 ) -> TypesetInfo:
     """Write ``out_dir/book.html`` and/or ``out_dir/book.pdf`` ("md" in ``formats`` is ignored here)."""
     out_dir = Path(out_dir)
@@ -89,6 +95,7 @@ def typeset(
         html_path=out_dir / "book.html" if "html" in fmts else None,
         templates=templates,
         workers=workers,
+        prepared=prepared,
     )
 
 
@@ -100,8 +107,10 @@ def typeset_to(
     templates: str | Path | None = None,
     workers: int | None = None,
     default_title: str = "Handbook",
+    prepared: Prepared | None = None,
 ) -> TypesetInfo:
-    """Like :func:`typeset` with explicit output paths (either may be None)."""
+    """Like :func:`typeset` with explicit output paths (either may be None). ``prepared``: chunks laid out while
+    the book was being written (typeset/background.py); render_pdf takes those whose content is unchanged."""
     t0 = time.perf_counter()
     dirs = _template_dirs(templates)
     root = parse_book(markdown, default_title=default_title)
@@ -111,6 +120,7 @@ def typeset_to(
     n_workers = 0
     n_chunks = 0
     fragments: dict[str, tuple[str, str]] = {}
+    layout: list[tuple[float, float, float, bool]] = []
     for p in (pdf_path, html_path):
         if p is not None:
             Path(p).parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +130,9 @@ def typeset_to(
         from .pdf import default_workers, render_pdf
 
         n_workers = workers or default_workers()
-        run = render_pdf(root, Path(pdf_path), dirs, workers=n_workers, want_fragments=html_path is not None)
+        run = render_pdf(root, Path(pdf_path), dirs, workers=n_workers, want_fragments=html_path is not None,
+                         prepared=prepared)
+        layout = run.layout
         pdf_pages = run.pages
         n_chunks = run.chunks
         peak = max(run.worker_peak_rss_mb, default=None)
@@ -136,6 +148,7 @@ def typeset_to(
         workers=n_workers,
         chunks=n_chunks,
         worker_peak_rss_mb=peak,
+        layout=tuple(layout),
     )
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import struct
 from typing import IO
 
+NICE_ENV = "HANDBOOK_TYPESET_NICE"  # a worker started with this set lowers its priority by that much first
+
 
 def frame(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data

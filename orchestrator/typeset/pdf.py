@@ -16,6 +16,7 @@ So neither the contents nor the footers need a second layout pass, and no worker
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import queue
@@ -26,18 +27,18 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import HandbookError
 from .html import Node, plain_text, render_inline, render_markdown, toc_entries
-from .ipc import frame, read_frame
+from .ipc import NICE_ENV, frame, read_frame
 from .merge import Merger
 
 __all__ = [
-    "MAX_CHUNK_CHARS", "WORKER_COMMAND", "PdfRun", "TypesetError", "default_workers", "plan_chunks", "render_pdf",
-    "worker_env",
+    "MAX_CHUNK_CHARS", "NICE_ENV", "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "job_key",
+    "plan_chunks", "render_pdf", "worker_env",
 ]
 
 MAX_CHUNK_CHARS = 600_000  # a part above this (the reference book's are ~400k) is cut between chapters
@@ -59,6 +60,9 @@ class PdfRun:
     chunk_seconds: list[dict[str, float]]
     fragments: dict[str, tuple[str, str]]
     refused: list[str]
+    # each chunk's layout: (sent, done) in time.monotonic(), its worker's CPU seconds, and whether it was laid out
+    # while the book was still being written (typeset/background.py)
+    layout: list[tuple[float, float, float, bool]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,11 +150,18 @@ class _Worker:
 
 
 class _Pool:
-    def __init__(self, n: int):
-        self.events: queue.Queue[tuple[int, Any]] = queue.Queue()
+    """The layout workers and the one queue their messages arrive on. ``nice`` > 0: the workers lower their own
+    priority first (typesetting while the job is still writing must never take a core from the client). Whoever
+    owns the pool may put its own messages on ``events`` with a negative worker id (typeset/background.py)."""
+
+    def __init__(self, n: int, nice: int = 0, events: queue.Queue[tuple[int, Any]] | None = None):
+        self.events: queue.Queue[tuple[int, Any]] = events if events is not None else queue.Queue()
         env = worker_env()
+        if nice > 0:
+            env[NICE_ENV] = str(nice)
         self.workers = [_Worker(i, self.events, env) for i in range(n)]
         self.peak_rss: dict[int, float] = {}
+        self.sent: dict[int, float] = {}  # job index -> when it was sent (time.monotonic())
 
     def idle(self) -> list[_Worker]:
         return [w for w in self.workers if w.job is None]
@@ -169,8 +180,17 @@ class _Pool:
                 items.append(self.events.get_nowait())
             except queue.Empty:
                 break
-        out = []
-        for wid, msg in items:
+        return [m for wid, msg in items for m in self.handle(wid, msg)]
+
+    def send(self, w: _Worker, job: dict[str, Any]) -> None:
+        self.sent[job["index"]] = time.monotonic()
+        w.send(job)
+
+    def handle(self, wid: int, msg: Any) -> list[tuple[str, int, Any]]:
+        """One queue item as messages: a worker's own, an "error" for a worker that died mid-job, or nothing (a
+        worker that exited idle; an owner's message, which is the owner's to read)."""
+        out: list[tuple[str, int, Any]] = []
+        if wid >= 0:
             w = self.workers[wid]
             if msg is None:
                 if w.job is not None:
@@ -179,17 +199,20 @@ class _Pool:
                     out.append(("error", w.job, (f"worker exited with code {w.proc.returncode}: "
                                                f"{tail[-1] if tail else 'no message'}")))
                     w.job = None
-                continue
+                return out
             if msg[0] in ("done", "error"):
                 w.job = None
                 if msg[0] == "done":
                     self.peak_rss[wid] = max(self.peak_rss.get(wid, 0.0), msg[2]["peak_rss_mb"])
+                    msg[2]["t_sent"] = self.sent.get(msg[1], 0.0)
+                    msg[2]["t_done"] = time.monotonic()
             out.append(msg)
         return out
 
     def close(self, kill: bool = False) -> None:
+        """Stop the workers: an idle one is asked to exit (and waited for), a busy one is killed when ``kill``."""
         for w in self.workers:
-            w.close(kill=kill)
+            w.close(kill=kill and w.job is not None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,6 +284,25 @@ def _jobs(root: Node, chunks: list[list[Node]], template_dirs: list[str], tmp: P
 # The run
 
 
+def job_key(job: dict[str, Any]) -> bytes:
+    """What a chunk's layout depends on: the job without its number, output path and cost estimate. Equal keys
+    give the same pages, so a chunk laid out while the book was still being written (typeset/background.py) is
+    taken only if the finished book asks for exactly the same chunk."""
+    same = {k: v for k, v in job.items() if k not in ("index", "out", "cost")}
+    return hashlib.blake2b(pickle.dumps(same, protocol=pickle.HIGHEST_PROTOCOL), digest_size=20).digest()
+
+
+@dataclass
+class Prepared:
+    """What typesetting while writing (typeset/background.py) hands the final layout: its worker pool (render_pdf
+    owns and closes it from then on), the chunks it laid out (by :func:`job_key`) and those still being laid out
+    (background job index -> key)."""
+
+    pool: _Pool
+    done: dict[bytes, dict[str, Any]]
+    running: dict[int, bytes]
+
+
 def render_pdf(
     root: Node,
     out_pdf: Path,
@@ -269,32 +311,60 @@ def render_pdf(
     workers: int | None = None,
     want_fragments: bool = False,
     max_chunk_chars: int = MAX_CHUNK_CHARS,
+    prepared: Prepared | None = None,
 ) -> PdfRun:
     """Lay out the book in ``workers`` processes and write ``out_pdf``. With ``want_fragments``, the HTML of every
-    heading and body comes back too (book.html reuses it instead of rendering the Markdown again)."""
+    heading and body comes back too (book.html reuses it instead of rendering the Markdown again). With
+    ``prepared``, a chunk already laid out (or being laid out) for exactly this content is taken, not redone."""
     t0 = time.perf_counter()
     workers = workers or default_workers()
     chunks = plan_chunks(root, max_chunk_chars)
     tmp = Path(tempfile.mkdtemp(prefix="handbook-typeset-"))
     jobs = _jobs(root, chunks, template_dirs, tmp, want_fragments)
-    pending = sorted(jobs, key=lambda j: j["cost"], reverse=True)  # biggest first
-    pool = _Pool(min(workers, len(pending)))
     merger = Merger()
     results: dict[int, dict[str, Any]] = {}
-    ok = False
+    awaited: dict[int, list[int]] = {}  # a background job still running -> the chunks waiting for it
+    if prepared is None:
+        pending = jobs
+        pool = _Pool(min(workers, len(pending)))
+    else:
+        pool, pending = prepared.pool, []
+        running = {key: idx for idx, key in prepared.running.items()}
+        for j in jobs:
+            key = job_key(j)
+            if key in prepared.done:
+                results[j["index"]] = {**prepared.done[key], "index": j["index"], "prepared": True}
+                merger.add(j["index"], results[j["index"]]["out"])
+            elif key in running:
+                awaited.setdefault(running[key], []).append(j["index"])
+            else:
+                pending.append(j)
+    pending = sorted(pending, key=lambda j: j["cost"], reverse=True)  # biggest first
+    by_index = {j["index"]: j for j in jobs}
     try:
-        while pending or pool.busy():
+        while pending or awaited or any(w.job in by_index for w in pool.workers):
             for w in pool.idle():
                 if pending:
-                    w.send(pending.pop(0))
+                    pool.send(w, pending.pop(0))
             for kind, idx, payload in pool.messages():
+                if idx in awaited:  # a chunk laid out while writing, for this very content
+                    mine = awaited.pop(idx)
+                    if kind == "error":  # it is laid out again here, and a second failure is the book's
+                        pending += [by_index[i] for i in mine]
+                        continue
+                    for i in mine:
+                        results[i] = {**payload, "index": i, "prepared": True}
+                        merger.add(i, payload["out"])
+                    continue
+                if idx not in by_index:  # laid out while writing for content that changed since: not used
+                    continue
                 if kind == "error":
                     raise TypesetError(f"typesetting chunk {idx} failed: {payload.strip().splitlines()[0]}")
                 if kind == "done":
                     results[idx] = payload
                     for w in pool.idle():  # keep the workers busy first, then read the finished chunk
                         if pending:
-                            w.send(pending.pop(0))
+                            pool.send(w, pending.pop(0))
                     merger.add(idx, payload["out"])
         bodies = [results[j["index"]] for j in jobs[1:]]
         # WeasyPrint has been seen to stop silently mid-flow on very long documents: every heading must have landed.
@@ -306,9 +376,8 @@ def render_pdf(
         if merger.pages != reported:
             raise TypesetError(f"the merged PDF has {merger.pages} pages where the chunks had {reported}")
         pages = merger.finish(results[0], bodies, out_pdf, root, plain_text(render_inline(root.title)))
-        ok = True
     finally:
-        pool.close(kill=not ok)
+        pool.close(kill=True)  # only a worker still busy (a chunk nobody needs, or a failure) is killed
         shutil.rmtree(tmp, ignore_errors=True)
     fragments: dict[str, tuple[str, str]] = {}
     for b in results.values():
@@ -319,6 +388,8 @@ def render_pdf(
         seconds=time.perf_counter() - t0,
         worker_peak_rss_mb=list(pool.peak_rss.values()),
         chunk_seconds=[{"index": r["index"], "pages": r["pages"], **r["seconds"]} for r in results.values()],
+        layout=[(r.get("t_sent", 0.0), r.get("t_done", 0.0), r["seconds"]["cpu"], bool(r.get("prepared")))
+                for r in results.values()],
         fragments=fragments,
         refused=[u for r in results.values() for u in r["refused"]],
     )

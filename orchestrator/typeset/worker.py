@@ -24,7 +24,7 @@ from weasyprint.urls import URLFetcher, URLFetcherResponse
 
 from .compat import anchor_boxes, cap_pdf_compression, toc_lines
 from .html import Node, document_html, render_nodes
-from .ipc import frame, read_frame
+from .ipc import NICE_ENV, frame, read_frame
 
 # pydyf (WeasyPrint's PDF writer) deflates every stream at zlib level 9. Measured on a 171-page part's content
 # streams: level 9 takes 0.46 s of CPU, level 6 (zlib's default) 0.07 s for 14% more bytes. Level 6 it is.
@@ -127,6 +127,9 @@ def main() -> None:
     # The cyclic collector only costs time during a layout (WeasyPrint makes few reference cycles; measured
     # ~13% less CPU at the same peak memory); one collection between jobs keeps a long-lived worker tidy.
     gc.disable()
+    nice = int(os.environ.get(NICE_ENV, "0") or 0)
+    if nice > 0 and hasattr(os, "nice"):  # typesetting while the job writes: the client's core comes first
+        os.nice(nice)
     cap_pdf_compression(ZLIB_LEVEL)
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     logging.getLogger("fontTools").setLevel(logging.ERROR)
