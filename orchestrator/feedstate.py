@@ -172,6 +172,24 @@ class Recent:
         return out
 
 
+def _figure(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _pdf_ready(stats: dict[str, Any]) -> dict[str, Any] | None:
+    """The reader's wait for the PDF, from stats.json: ``ready_s`` (the job's start to book.pdf on disk),
+    ``after_write_s`` (the last section to book.pdf), ``pages``; None when the job made no PDF."""
+    ready = _figure(stats.get("pdf_ready_s"))
+    if ready is None:
+        return None
+    pages = stats.get("pdf_pages")
+    return {
+        "ready_s": ready,
+        "after_write_s": _figure(stats.get("typeset_after_write_s")),
+        "pages": pages if isinstance(pages, int) and not isinstance(pages, bool) else None,
+    }
+
+
 class FeedState:
     """The job as the feed knows it (``job``), the recent sections, and one queue per connected browser."""
 
@@ -229,10 +247,12 @@ class FeedState:
             return self.job.snapshot()
 
     def final(self) -> dict[str, Any] | None:
+        """The finished job: its verdict, its stats, and ``pdf``: when book.pdf was on disk (None without one)."""
         with self.job.lock:
             if not self.job.finished:
                 return None
-            return {"complete": self.job.complete, "stats": self.job.stats or {}}
+            stats = self.job.stats or {}
+            return {"complete": self.job.complete, "stats": stats, "pdf": _pdf_ready(stats)}
 
     def snapshot(self) -> dict[str, Any]:
         """The first message of every connection: the header's state, the recent sections, the rate history."""

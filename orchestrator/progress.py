@@ -7,7 +7,8 @@ from timing chunk arrivals on the client (the reference run's browser-timed "bes
 summed over only some backends (the others expose no token counter, or their scrape failed this round) is labelled
 "server-counted (k of n backends)", never shown as the fleet's. A job that made a forecast
 (:class:`~orchestrator.events.ForecastReady`) has it shown beside the live figures, with the time still to go and
-what that rests on (``orchestrator.eta``); a job without one shows nothing about it.
+what that rests on (``orchestrator.eta``); a job without one shows nothing about it. A job that made a PDF ends
+with when it was ready (stats.json's ``pdf_ready_s``, ``typeset_after_write_s``: the reader's wait).
 
     progress = Progress()            # rich.console.Console() by default
     with progress:                   # or progress.start() / progress.stop()
@@ -89,6 +90,27 @@ def _closing_words(eta: Eta) -> str:
     if eta.pdf_pages is not None:
         pct = f" ({eta.pages_error_pct:+.0f}%)" if eta.pages_error_pct is not None else ""
         line += f"; {eta.pages:,} A5 pages forecast, {eta.pdf_pages:,} typeset{pct}"
+    return line
+
+
+def _figure(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def _pdf_words(stats: dict[str, object] | None) -> str | None:
+    """When the reader could open book.pdf: ``PDF ready 154.2 s after start, 6.1 s after the last section (1,348
+    A5 pages)``; None when the job made no PDF (``pdf_ready_s`` is None or absent)."""
+    stats = stats or {}
+    ready = _figure(stats.get("pdf_ready_s"))
+    if ready is None:
+        return None
+    line = f"PDF ready {ready:,.1f} s after start"
+    after = _figure(stats.get("typeset_after_write_s"))
+    if after is not None:
+        line += f", {after:,.1f} s after the last section"
+    pages = stats.get("pdf_pages")
+    if isinstance(pages, int) and not isinstance(pages, bool):
+        line += f" ({pages:,} A5 pages)"
     return line
 
 
@@ -195,9 +217,12 @@ class Progress:
             finished, complete = self.state.finished, self.state.complete
             failed = len(self.state.sections_failed)
             eta = self.state.eta()
+            pdf = _pdf_words(self.state.stats)
         if finished:
             if eta is not None:
                 self._print(_closing_words(eta))
+            if pdf is not None:
+                self._print(pdf)
             verdict = "complete" if complete else f"finished with problems ({failed} failed sections)"
             self._print(f"job {verdict}")
 
@@ -299,6 +324,9 @@ class Progress:
             grid.add_row("tokens", tok)
             if eta is not None:
                 grid.add_row("forecast", self._forecast_row(eta))
+            pdf = _pdf_words(s.stats) if s.finished else None
+            if pdf is not None:
+                grid.add_row("pdf", Text(pdf, style="bold green"))
 
             rate = Text()
             if s.samples == 0:

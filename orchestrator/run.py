@@ -312,7 +312,8 @@ class _Job:
                                                  timeline, profile)
         finally:
             if background is not None:
-                await anyio.to_thread.run_sync(background.close)
+                with anyio.CancelScope(shield=True):  # a second Ctrl-C too: the workers are stopped, not left
+                    await anyio.to_thread.run_sync(background.close)
 
     async def _write_and_publish(self, writer: Writer, background: BackgroundTypesetter | None,
                                  usable: list[tuple[Backend, str]], caps: list[int], urls: tuple[str, ...],

@@ -27,6 +27,7 @@ from feed_synth import HOSTILE, synthetic_forecast, synthetic_job
 
 from orchestrator.events import Delta, JobFinished, JobStarted, MetricsSample, NodeFinished, NodeStarted
 from orchestrator.feed import Feed
+from orchestrator.feedstate import FeedState
 from orchestrator.reply import Reply
 from orchestrator.resources import bundled_templates
 
@@ -101,6 +102,14 @@ async def wait_js(page, fn: str, within: float = 20.0) -> None:
             await anyio.sleep(0.05)
 
 
+PDF = {"pdf_ready_s": 12.34, "typeset_after_write_s": 0.4, "typeset_cpu_s": {"during_write": 3.2, "after_write": 0.3}}
+
+
+def with_pdf(emit):
+    """``emit``, with a JobFinished's stats saying when book.pdf was on disk (as stats.json does for a PDF job)."""
+    return lambda e: emit(JobFinished({**e.stats, **PDF}, e.complete, e.t) if isinstance(e, JobFinished) else e)
+
+
 def local_only(requests: list[str], feed: Feed) -> list[str]:
     return [u for u in requests if not u.startswith(feed.url)]
 
@@ -141,7 +150,7 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_mid_run)
             stats = await synthetic_job(
-                feed, parts=2, chapters=2, sections=4, cap=3, words=160, chunk_delay=0.03,
+                with_pdf(feed), parts=2, chapters=2, sections=4, cap=3, words=160, chunk_delay=0.03,
                 hostile_path="1.1.2", retry_path="2.1.1", forecast_s=60.0, pdf_pages=9,
             )
             job_done.set()
@@ -171,6 +180,11 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
         assert await page.text_content("#eta-label") == "forecast · took"
         assert re.fullmatch(r"forecast 1m00s, took [0-9.]+s \(-[0-9]+%\)", await page.text_content("#eta-basis"))
         assert await page.text_content("#forecast-sub") == "10 A5 pages forecast, 9 typeset (-10%)"
+        # ...and when the PDF was ready.
+        assert await page.locator("#pdf-ready").is_visible()
+        assert await page.text_content("#pdf-ready") == (
+            "PDF ready 12.3 s after start, 0.4 s after the last section (9 A5 pages)")
+        assert await page.locator('#stats tr[data-key="typeset_after_write_s"]').count() == 1
 
         # The hostile section is shown as text; nothing in it ran.
         hostile = page.locator("#feed .entry").filter(has=page.locator(".path", has_text=re.compile(r"^1\.1\.2$")))
@@ -201,6 +215,7 @@ async def test_a_browser_that_arrives_late_sees_recent_sections_and_the_final_st
             # No forecast was made: the page says nothing about one.
             assert await page.locator("#forecast-card").is_hidden()
             assert "ETA" not in await page.inner_text("header")  # what is rendered, hidden parts aside
+            assert await page.locator("#pdf-ready").is_hidden()  # no PDF in this job's stats: nothing said of one
             hostile = page.locator("#feed .entry").filter(has=page.locator(".path", has_text="1.2.3"))
             assert await hostile.locator(".text").text_content() == HOSTILE
             assert await page.locator("#feed img").count() == 0
@@ -262,7 +277,7 @@ async def test_deltas_are_coalesced_per_section():
         feed(JobFinished({"sections": 2}, True, 3.0))
         while "final" not in (msg := await anext(messages)):
             pass
-        assert msg["final"] == {"complete": True, "stats": {"sections": 2}}
+        assert msg["final"] == {"complete": True, "stats": {"sections": 2}, "pdf": None}
 
 
 async def test_a_stalled_browser_neither_slows_the_job_nor_grows_memory():
@@ -330,6 +345,20 @@ async def test_the_status_carries_the_forecast_once_one_came():
         assert (f["forecast_s"], f["pages"], f["sections"], f["tokens"]) == (90.0, 12, 16, 4160)
         assert f["basis"] == "forecast" and f["basis_text"] == "by the forecast" and 89 < f["left_s"] <= 90
         assert f["took_s"] is None and f["over_s"] == 0
+
+
+def test_the_final_state_says_when_the_pdf_was_ready():
+    news = FeedState(recent=4)
+    assert news.final() is None
+    news.deliver(JobFinished({"sections": 16, "pdf_pages": 9, **PDF}, True, 3.0))
+    final = news.final()
+    assert final is not None and final["stats"]["pdf_ready_s"] == 12.34
+    assert final["pdf"] == {"ready_s": 12.34, "after_write_s": 0.4, "pages": 9}
+    # No PDF (not asked for, or typesetting failed): the final state says so, and the page shows nothing of one.
+    for stats in ({"sections": 16, "pdf_ready_s": None, "typeset_after_write_s": None, "pdf_pages": None}, {}):
+        news = FeedState(recent=4)
+        news.deliver(JobFinished(stats, False, 3.0))
+        assert news.final() == {"complete": False, "stats": stats, "pdf": None}
 
 
 async def test_linger_times_out_and_close_ends_it():

@@ -364,3 +364,32 @@ def test_a_live_display_of_a_forecast_job_closes_with_how_good_the_forecast_was(
     assert re.fullmatch(r"forecast 30s, took [0-9.]+s \(-[0-9]+%\); 1 A5 pages forecast, 3 typeset \(\+200%\)",
                         lines[-2]), lines[-2]
     assert lines[-1] == "job complete"
+
+
+PDF_STATS = {"whole_job_s": 156.0, "pdf_ready_s": 154.2, "typeset_after_write_s": 6.07, "pdf_pages": 1348,
+             "typeset_cpu_s": {"during_write": 80.5, "after_write": 5.9, "chunks_from_background": 11}}
+PDF_LINE = "PDF ready 154.2 s after start, 6.1 s after the last section (1,348 A5 pages)"
+
+
+@pytest.mark.parametrize("pdf", [True, False])
+def test_a_job_with_a_pdf_closes_with_when_it_was_ready(pdf: bool):
+    stats = PDF_STATS if pdf else {**PDF_STATS, "pdf_ready_s": None, "typeset_after_write_s": None}
+    out = StringIO()
+    with Progress(Console(file=out, force_terminal=False, width=300), plain_interval=60) as progress:
+        for e in script():
+            progress(e)
+        progress(JobFinished(stats, False, 104.0))
+    lines = out.getvalue().splitlines()
+    assert lines[-1].startswith("job finished with problems")
+    assert (lines[-2] == PDF_LINE) if pdf else ("PDF ready" not in out.getvalue())  # no PDF: nothing said of one
+    live = Progress(Console(file=StringIO(), force_terminal=True), plain_interval=60)
+    for e in forecast_job():
+        live(e)
+    console = Console(record=True, width=160, file=StringIO())
+    console.print(live._render())
+    assert "PDF ready" not in console.export_text()  # only a finished job has a PDF to speak of
+    live(JobFinished(stats, True, 146.0))
+    console.print(live._render())
+    view = console.export_text()
+    assert "took 2m36s" in view and "1,348 A5 pages typeset" in view  # the forecast's own closing figures stay
+    assert (f"pdf       {PDF_LINE}" in view) if pdf else ("PDF ready" not in view), view

@@ -130,7 +130,8 @@ class BackgroundTypesetter:
     def _control(self, kind: str, payload: Any) -> None:
         if kind == "outline":
             self.outline = payload
-            self.pool = _Pool(self.workers, nice=self.nice, events=self.events)
+            if self.pool is None:
+                self.pool = _Pool(self.workers, nice=self.nice, events=self.events)
             self._front()
             for pi in range(1, len(payload.parts) + 1):
                 self._maybe_part(pi)
@@ -208,4 +209,4 @@ def layout_split(layout: list[tuple[float, float, float, bool]], t_write_end: fl
         during += cpu * share
         after += cpu * (1 - share)
     return {"during_write": round(during, 2), "after_write": round(after, 2),
-            "chunks_while_writing": sum(1 for *_, p in layout if p)}
+            "chunks_from_background": sum(1 for *_, p in layout if p)}

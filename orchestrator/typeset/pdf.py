@@ -164,7 +164,10 @@ class _Pool:
         self.sent: dict[int, float] = {}  # job index -> when it was sent (time.monotonic())
 
     def idle(self) -> list[_Worker]:
-        return [w for w in self.workers if w.job is None]
+        return [w for w in self.workers if w.job is None and w.proc.poll() is None]
+
+    def alive(self) -> bool:
+        return all(w.proc.poll() is None for w in self.workers)
 
     def busy(self) -> bool:
         return any(w.job is not None for w in self.workers)
@@ -324,6 +327,9 @@ def render_pdf(
     merger = Merger()
     results: dict[int, dict[str, Any]] = {}
     awaited: dict[int, list[int]] = {}  # a background job still running -> the chunks waiting for it
+    if prepared is not None and not prepared.pool.alive():  # a worker died while writing: keep only its results
+        prepared.pool.close(kill=True)
+        prepared = Prepared(_Pool(min(workers, len(jobs))), prepared.done, {})
     if prepared is None:
         pending = jobs
         pool = _Pool(min(workers, len(pending)))
