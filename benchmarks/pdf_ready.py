@@ -10,6 +10,8 @@ laid out as soon as its last section is in: orchestrator/typeset/background.py) 
 (the whole PDF after the last section). Typesetting is CPU work on this machine, so every time here is *wall*
 seconds, not model seconds:
 
+    1st part lead s   how long before the last section the first part was whole (its sections all in): the most
+                      time any part's layout has to run while writing; median lead s: the median part's
     whole job s       job start -> book.md, stats and defects written (stats.json whole_job_s)
     PDF ready s       job start -> book.pdf on disk (pdf_ready_s)
     after write s     last section finished -> book.pdf on disk (typeset_after_write_s): what a reader waits for
@@ -39,6 +41,7 @@ from pypdf import PdfReader
 
 from orchestrator import Settings, agenerate
 from orchestrator.config import PRESETS
+from orchestrator.events import NodeFinished
 from orchestrator.sim.launch import SimFleet
 
 STEP_MS, PER_STREAM_MS = 12.94, 0.2451
@@ -53,17 +56,39 @@ def pdf_digest(path: Path) -> tuple[int, str]:
     return len(reader.pages), h.hexdigest()
 
 
+class PartClock:
+    """Event consumer: when each part's last section finished (the earliest a part can be laid out)."""
+
+    def __init__(self) -> None:
+        self.ends: dict[str, float] = {}
+
+    def __call__(self, ev: object) -> None:
+        if isinstance(ev, NodeFinished) and ev.kind == "section":
+            part = ev.path.split(".", 1)[0]
+            self.ends[part] = max(self.ends.get(part, 0.0), ev.t)
+
+    def lead_s(self) -> tuple[float, float]:
+        """How long before the last section the first part, and the median part, were whole."""
+        if not self.ends:
+            return 0.0, 0.0
+        last = max(self.ends.values())
+        leads = sorted(last - t for t in self.ends.values())
+        return leads[-1], leads[len(leads) // 2]
+
+
 def run_once(fleet: SimFleet, background: bool, shape: dict, out: Path) -> dict:
     preset = dict(PRESETS["published-take"])
     prompt = preset.pop("prompt")
     preset.update(shape)
     settings = Settings(**preset, formats=("md", "pdf"), typeset_while_writing=background)
+    clock = PartClock()
     t0 = time.monotonic()
-    result = anyio.run(lambda: agenerate(prompt, fleet.urls, settings, out=str(out), fresh=True))
+    result = anyio.run(lambda: agenerate(prompt, fleet.urls, settings, out=str(out), on_event=clock, fresh=True))
     wall = time.monotonic() - t0
     st = result.stats
     cpu = st.get("typeset_cpu_s") or {}
     pages, digest = pdf_digest(out / "book.pdf")
+    first_lead, median_lead = clock.lead_s()
     return {
         "mode": "while writing" if background else "after writing",
         "sections": st["sections"],
@@ -74,6 +99,8 @@ def run_once(fleet: SimFleet, background: bool, shape: dict, out: Path) -> dict:
         "cpu_during_write_s": cpu.get("during_write", 0.0),
         "cpu_after_write_s": cpu.get("after_write", 0.0),
         "chunks_from_background": cpu.get("chunks_from_background", 0),
+        "first_part_lead_s": first_lead,
+        "median_part_lead_s": median_lead,
         "pdf_pages": st["pdf_pages"],
         "errors": st["request_errors"],
         "empty_sections": st["empty_sections"],
@@ -86,7 +113,9 @@ def run_once(fleet: SimFleet, background: bool, shape: dict, out: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if r["mode"] == "after writing"), rows[-1])
-    cols = [("mode", "mode", "{}"), ("sections", "sections", "{:,}"), ("whole job s", "whole_job_s", "{:.1f}"),
+    cols = [("mode", "mode", "{}"), ("sections", "sections", "{:,}"),
+            ("1st part lead s", "first_part_lead_s", "{:.1f}"), ("median lead s", "median_part_lead_s", "{:.1f}"),
+            ("whole job s", "whole_job_s", "{:.1f}"),
             ("PDF ready s", "pdf_ready_s", "{:.1f}"), ("after write s", "typeset_after_write_s", "{:.2f}"),
             ("share", "share", "{:.2f}"), ("typeset s", "typeset_s", "{:.1f}"),
             ("CPU during", "cpu_during_write_s", "{:.1f}"), ("CPU after", "cpu_after_write_s", "{:.1f}"),

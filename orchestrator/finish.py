@@ -195,9 +195,9 @@ async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: Job
 
     formats = [f for f in job.settings.formats if f != "md"]
     try:
-        prepared = None if background is None else background.handover()
-        info = await anyio.to_thread.run_sync(
-            lambda: typeset(book.markdown, job.out_dir, formats, job.settings.templates, prepared=prepared)
+        info = await anyio.to_thread.run_sync(  # handover joins the background's thread: never on the loop
+            lambda: typeset(book.markdown, job.out_dir, formats, job.settings.templates,
+                            prepared=None if background is None else background.handover())
         )
     except Exception as e:  # WeasyPrint, a template, a worker: whatever broke, the Markdown book stands
         why = " ".join(str(e).split())[:300] or type(e).__name__
@@ -208,8 +208,7 @@ async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: Job
         paths["pdf"] = info.pdf_path
     if info.html_path:
         paths["html"] = info.html_path
-    t_pdf = time.monotonic() if info.pdf_pages is not None else None
-    return replace(record, typeset_s=info.seconds, pdf_pages=info.pdf_pages, t_pdf=t_pdf,
+    return replace(record, typeset_s=info.seconds, pdf_pages=info.pdf_pages, t_pdf=info.pdf_written_at,
                    typeset_cpu_s=layout_split(list(info.layout), record.t_write_end) if info.layout else None)
 
 

@@ -1,8 +1,10 @@
 """What the job, the bench, the simulator and the engine each need from the operating system, in one place:
-a free port, a higher open-file limit, a writable output folder."""
+a free port, a higher open-file limit (and caps that fit the one there is), a writable output folder."""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import resource
 import socket
@@ -10,7 +12,9 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["free_port", "port_free", "prepare_out_dir", "raise_open_file_limit"]
+__all__ = ["FD_RESERVE", "ensure_open_files", "free_port", "port_free", "prepare_out_dir", "raise_open_file_limit"]
+
+log = logging.getLogger("handbook")
 
 
 def free_port() -> int:
@@ -54,3 +58,26 @@ def prepare_out_dir(path: str | os.PathLike[str]) -> Path:
     except OSError as e:
         raise ConfigError(f"cannot write to output directory {out}: {e.strerror or e}") from None
     return out
+
+
+# Files besides the streams: the journal, /metrics scrapes, the feed, and the typesetting workers' pipes (three
+# each; typesetting while writing runs at most typeset.background.MAX_WORKERS of them beside the streams)
+FD_RESERVE = 128
+
+
+def ensure_open_files(caps: list[int]) -> list[int]:
+    """Raise the open-file soft limit to what the fan-out needs; if the hard limit is lower, shrink the caps
+    (and say so) rather than let sockets fail."""
+    needed = sum(caps) + FD_RESERVE
+    soft = raise_open_file_limit(needed)
+    if soft >= needed:
+        return caps
+    room = max(len(caps), soft - FD_RESERVE)
+    scale = room / sum(caps)
+    new = [max(1, math.floor(c * scale)) for c in caps]
+    log.warning(
+        "the open-file limit is %d (it cannot be raised further) but %d concurrent streams need %d; "
+        "lowering the per-backend caps to %s so no socket fails",
+        soft, sum(caps), needed, new,
+    )
+    return new

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ from .forecasting import StepFit
 from .forecasting import forecast as forecast_of
 from .job_forecast import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
 from .journal import Journal
-from .osutil import prepare_out_dir, raise_open_file_limit
+from .osutil import ensure_open_files, prepare_out_dir
 from .outline import Outline
 from .planning import Planner
 from .profiles import resolve_profile
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("handbook")
 
-FD_RESERVE = 128  # files, the journal, /metrics scrapes, the feed, the typesetter
 DISCOVER_TIMEOUT_S = 7.0  # an unreachable backend is reported within 10 s
 
 
@@ -76,24 +74,6 @@ def default_out(prompt: str) -> Path:
 
 def prepare_out(out: str | os.PathLike | None, prompt: str) -> Path:
     return prepare_out_dir(out if out is not None else default_out(prompt))
-
-
-def ensure_open_files(caps: list[int]) -> list[int]:
-    """Raise the open-file soft limit to what the fan-out needs; if the hard limit is lower, shrink the caps
-    (and say so) rather than let sockets fail."""
-    needed = sum(caps) + FD_RESERVE
-    soft = raise_open_file_limit(needed)
-    if soft >= needed:
-        return caps
-    room = max(len(caps), soft - FD_RESERVE)
-    scale = room / sum(caps)
-    new = [max(1, math.floor(c * scale)) for c in caps]
-    log.warning(
-        "the open-file limit is %d (it cannot be raised further) but %d concurrent streams need %d; "
-        "lowering the per-backend caps to %s so no socket fails",
-        soft, sum(caps), needed, new,
-    )
-    return new
 
 
 async def agenerate(
@@ -303,7 +283,9 @@ class _Job:
         if self.mode == Mode() and journal.outline is not None:
             _warn_if_edited(self.out_dir, journal.outline)
         writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint)
-        background = None if self.mode.plan_only else _background(settings)
+        from .typeset.background import for_job  # typesetting while writing: None when it cannot help
+
+        background = None if self.mode.plan_only else for_job(settings)
         if background is not None:
             bus.consumers.append(background)
             writer.on_section = background.section_landed
@@ -312,6 +294,7 @@ class _Job:
                                                  timeline, profile)
         finally:
             if background is not None:
+                bus.consumers.remove(background)
                 with anyio.CancelScope(shield=True):  # a second Ctrl-C too: the workers are stopped, not left
                     await anyio.to_thread.run_sync(background.close)
 
@@ -379,26 +362,6 @@ class _Job:
         if not fits:
             return {"available": False, "reason": self.no_forecast or "no step times"}
         return forecast_json(forecast_of(outline, self.settings, fits, planned=True), self.budget)
-
-
-def _background(settings: Settings) -> BackgroundTypesetter | None:
-    """Typesetting while writing (orchestrator/typeset/background.py): when the job makes a PDF, has not turned it
-    off (--typeset-after-writing), and the machine has a core to spare for it."""
-    import importlib.util
-
-    if not settings.typeset_while_writing or "pdf" not in settings.formats:
-        return None
-    if importlib.util.find_spec("weasyprint") is None:
-        return None  # the final layout says so, once book.md is safe
-    from .resources import template_dirs
-    from .typeset.background import BackgroundTypesetter
-    from .typeset.pdf import default_workers
-
-    workers = default_workers()
-    if workers < 2:
-        return None
-    return BackgroundTypesetter([str(d) for d in template_dirs(settings.templates)], workers=workers,
-                                want_fragments="html" in settings.formats)
 
 
 def _warn_if_edited(out_dir: Path, outline: Outline) -> None:

@@ -19,10 +19,10 @@ from orchestrator.config import settings_from
 from orchestrator.events import OutlineReady
 from orchestrator.outline import Chapter, Outline, Part
 from orchestrator.resources import template_dirs
-from orchestrator.run import _background
 from orchestrator.stepwise import WRITE_OVERRIDES, write_settings
 from orchestrator.typeset import typeset_to
 from orchestrator.typeset.background import BACKGROUND_NICE, BackgroundTypesetter
+from orchestrator.typeset.background import for_job as _background
 
 PROMPT = "A handbook of build systems"
 # Two cards at cap 4 write the 24 sections in several waves, so parts 1 and 2 are whole well before part 3.
@@ -223,9 +223,9 @@ def test_background_workers_run_at_a_lower_priority():
 
 
 def test_background_only_with_a_pdf_the_flag_and_a_core_to_spare(monkeypatch):
-    import orchestrator.typeset.pdf as pdf  # run._background imports default_workers from here when called
+    import orchestrator.typeset.background as background  # for_job calls the default_workers it imported
 
-    monkeypatch.setattr(pdf, "default_workers", lambda: 2)
+    monkeypatch.setattr(background, "default_workers", lambda: 2)
     both = Settings(formats=("md", "pdf"))
     assert _background(Settings(formats=("md",))) is None
     assert _background(Settings(formats=("md", "html"))) is None
@@ -244,7 +244,7 @@ def test_background_only_with_a_pdf_the_flag_and_a_core_to_spare(monkeypatch):
     finally:
         if with_html is not None:
             with_html.close()
-    monkeypatch.setattr(pdf, "default_workers", lambda: 1)  # one core: the client keeps it
+    monkeypatch.setattr(background, "default_workers", lambda: 1)  # one core: the client keeps it
     assert _background(both) is None
 
 
@@ -269,3 +269,69 @@ def test_typeset_after_writing_flag(jobs):
     _, written = write_settings(out, overrides, frozenset({"typeset_while_writing"}))
     assert planned.typeset_while_writing is True and written.typeset_while_writing is False
     assert (written.parts, written.chapters, written.sections, written.words) == (3, 2, 4, 120)
+
+
+def test_a_background_worker_that_dies_costs_only_itself(tmp_path):
+    sections = section_texts()
+    markdown = assemble(OUTLINE, sections).markdown
+    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False)
+    try:
+        bg(OutlineReady(OUTLINE, time.monotonic()))
+        wait_for(lambda: len(bg.done) == 1, 60, "the front matter laid out")  # from the outline alone
+        assert bg.pool is not None and not bg.pool.busy()
+        victim = bg.pool.workers[0]
+        victim.proc.kill()
+        victim.proc.wait(10)
+        for s in sections.values():
+            bg.section_landed(s)
+        # the other worker lays out everything: a dead worker is never sent a job
+        wait_for(lambda: len(bg.done) == 1 + len(OUTLINE.parts), 90, "every chunk laid out by the live worker")
+        info = typeset_to(markdown, pdf_path=tmp_path / "book.pdf", html_path=None, workers=2,
+                          prepared=bg.handover())
+        assert victim.retired  # replaced in the final layout's pool, not sent anything
+    finally:
+        bg.close()
+    assert all(c[3] for c in info.layout) and len(info.layout) == 4
+    plain = typeset_to(markdown, pdf_path=tmp_path / "plain.pdf", html_path=None, workers=2)
+    assert pdf_facts(tmp_path / "book.pdf") == pdf_facts(tmp_path / "plain.pdf")
+    assert plain.pdf_pages == info.pdf_pages
+
+
+def test_the_final_layout_fails_at_once_when_no_worker_can_start(tmp_path, monkeypatch):
+    import sys
+
+    import orchestrator.typeset.pool as pool
+    from orchestrator.typeset.pool import TypesetError
+
+    # Workers that exit at once (as if killed at start): the layout must say so, not wait for the silence timeout.
+    monkeypatch.setattr(pool, "WORKER_COMMAND", (sys.executable, "-c", "pass"))
+    monkeypatch.setattr(pool, "WORKER_SILENCE_S", 60)
+    markdown = assemble(OUTLINE, section_texts()).markdown
+    t0 = time.monotonic()
+    with pytest.raises(TypesetError) as err:
+        typeset_to(markdown, pdf_path=tmp_path / "book.pdf", html_path=None, workers=2)
+    assert "said nothing" not in str(err.value), err.value  # not the 60 s silence timeout
+    assert time.monotonic() - t0 < 50
+
+
+def test_a_chunk_whose_worker_died_mid_layout_is_laid_out_at_the_end(tmp_path):
+    sections = section_texts()
+    markdown = assemble(OUTLINE, sections).markdown
+    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False)
+    try:
+        bg(OutlineReady(OUTLINE, time.monotonic()))
+        wait_for(lambda: bg.pool is not None and bg.pool.busy(), 20, "the front matter sent to a worker")
+        assert bg.pool is not None
+        victim = next(w for w in bg.pool.workers if w.job is not None)
+        victim.proc.kill()  # mid-layout (the front matter takes a worker ~1 s)
+        for s in sections.values():
+            bg.section_landed(s)
+        wait_for(lambda: bg.failed + len(bg.done) == 1 + len(OUTLINE.parts), 90, "every chunk done or failed")
+        info = typeset_to(markdown, pdf_path=tmp_path / "book.pdf", html_path=None, workers=2,
+                          prepared=bg.handover())
+    finally:
+        bg.close()
+    assert bg.failed >= 1 and not all(c[3] for c in info.layout)  # what died was laid out again
+    plain = typeset_to(markdown, pdf_path=tmp_path / "plain.pdf", html_path=None, workers=2)
+    assert pdf_facts(tmp_path / "book.pdf") == pdf_facts(tmp_path / "plain.pdf")
+    assert plain.pdf_pages == info.pdf_pages

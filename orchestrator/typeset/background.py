@@ -34,20 +34,40 @@ from typing import TYPE_CHECKING, Any
 
 from ..assemble import part_markdown
 from ..events import OutlineReady
+from ..resources import template_dirs
 from .html import parse_book
-from .pdf import MAX_CHUNK_CHARS, Prepared, _jobs, _Pool, job_key, plan_chunks
+from .pdf import MAX_CHUNK_CHARS, Prepared, _jobs, job_key, plan_chunks
+from .pool import _Pool, default_workers
 
 if TYPE_CHECKING:
     from ..assemble import SectionText
+    from ..config import Settings
     from ..events import Event
     from ..outline import Outline
 
-__all__ = ["BACKGROUND_NICE", "BackgroundTypesetter", "layout_split"]
+__all__ = ["BACKGROUND_NICE", "MAX_WORKERS", "BackgroundTypesetter", "for_job", "layout_split"]
 
 log = logging.getLogger("handbook")
 
 BACKGROUND_NICE = 10  # the client's event loop must never wait for a layout
+MAX_WORKERS = 8  # beside the job's streams (osutil.FD_RESERVE holds their pipes); the final layout adds more
 _FIRST_INDEX = 1_000_000  # background jobs are numbered apart from the final layout's (0 .. chunks)
+
+
+def for_job(settings: Settings) -> BackgroundTypesetter | None:
+    """A typesetter for a job that makes a PDF, has not turned this off (--typeset-after-writing), and runs on a
+    machine with a core to spare; else None (the whole PDF is laid out after the last section)."""
+    import importlib.util
+
+    if not settings.typeset_while_writing or "pdf" not in settings.formats:
+        return None
+    if importlib.util.find_spec("weasyprint") is None:
+        return None  # the final layout says so, once book.md is safe
+    workers = default_workers()
+    if workers < 2:
+        return None
+    return BackgroundTypesetter([str(d) for d in template_dirs(settings.templates)], workers=min(workers, MAX_WORKERS),
+                                want_fragments="html" in settings.formats)
 
 
 class BackgroundTypesetter:
@@ -72,7 +92,6 @@ class BackgroundTypesetter:
         self.done: dict[bytes, dict[str, Any]] = {}
         self.failed = 0
         self._next = _FIRST_INDEX
-        self._handed = False
         self._thread = threading.Thread(target=self._feed, daemon=True, name="typeset-background")
         self._thread.start()
 
@@ -90,7 +109,6 @@ class BackgroundTypesetter:
         """Stop laying out new chunks; the pool, the chunks done and those still running go to the final layout
         (which closes the pool). None when nothing was ever started."""
         self._stop()
-        self._handed = True
         if self.pool is None:
             return None
         return Prepared(self.pool, dict(self.done), dict(self.running))
@@ -130,8 +148,8 @@ class BackgroundTypesetter:
     def _control(self, kind: str, payload: Any) -> None:
         if kind == "outline":
             self.outline = payload
-            if self.pool is None:
-                self.pool = _Pool(self.workers, nice=self.nice, events=self.events)
+            if self.pool is None:  # no more workers than chunks to lay out (the front matter and the parts)
+                self.pool = _Pool(min(self.workers, len(payload.parts) + 1), nice=self.nice, events=self.events)
             self._front()
             for pi in range(1, len(payload.parts) + 1):
                 self._maybe_part(pi)
@@ -197,9 +215,10 @@ class BackgroundTypesetter:
 
 
 def layout_split(layout: list[tuple[float, float, float, bool]], t_write_end: float | None,
-                 ) -> dict[str, float]:
-    """Layout CPU seconds spent before and after the last section finished (a chunk's CPU is split in proportion
-    to its wall time on either side), and how many chunks were laid out while writing."""
+                 ) -> dict[str, float | int]:
+    """The layout CPU seconds of the chunks in the PDF, spent before and after the last section finished (a
+    chunk's CPU is split in proportion to its wall time on either side; a background layout the PDF did not use
+    is not counted), and how many chunks the final layout took from typesetting while writing."""
     during = after = 0.0
     for sent, done, cpu, _prepared in layout:
         if t_write_end is None or done <= sent:

@@ -58,6 +58,7 @@ class TypesetInfo:
     chunks: int = 0
     worker_peak_rss_mb: float | None = None  # the largest peak RSS of any one layout process
     layout: tuple[tuple[float, float, float, bool], ...] = ()  # per chunk: see PdfRun.layout
+    pdf_written_at: float | None = None  # time.monotonic() when book.pdf was on disk (before book.html is written)
 
 
 def _template_dirs(templates: str | Path | None) -> list[str]:
@@ -121,6 +122,7 @@ def typeset_to(
     n_chunks = 0
     fragments: dict[str, tuple[str, str]] = {}
     layout: list[tuple[float, float, float, bool]] = []
+    pdf_written_at = None
     for p in (pdf_path, html_path):
         if p is not None:
             Path(p).parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +135,7 @@ def typeset_to(
         run = render_pdf(root, Path(pdf_path), dirs, workers=n_workers, want_fragments=html_path is not None,
                          prepared=prepared)
         layout = run.layout
+        pdf_written_at = run.t_written
         pdf_pages = run.pages
         n_chunks = run.chunks
         peak = max(run.worker_peak_rss_mb, default=None)
@@ -149,6 +152,7 @@ def typeset_to(
         chunks=n_chunks,
         worker_peak_rss_mb=peak,
         layout=tuple(layout),
+        pdf_written_at=pdf_written_at,
     )
 
 

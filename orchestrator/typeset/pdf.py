@@ -17,38 +17,24 @@ So neither the contents nor the footers need a second layout pass, and no worker
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
-import queue
 import shutil
-import site
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import HandbookError
 from .html import Node, plain_text, render_inline, render_markdown, toc_entries
-from .ipc import NICE_ENV, frame, read_frame
 from .merge import Merger
+from .pool import WORKER_COMMAND, TypesetError, _Pool, default_workers, worker_env
 
 __all__ = [
-    "MAX_CHUNK_CHARS", "NICE_ENV", "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "job_key",
+    "MAX_CHUNK_CHARS", "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "job_key",
     "plan_chunks", "render_pdf", "worker_env",
 ]
 
 MAX_CHUNK_CHARS = 600_000  # a part above this (the reference book's are ~400k) is cut between chapters
-WORKER_SILENCE_S = 900  # a chunk of the reference book takes ~6 s: this only catches a hung worker
-
-
-class TypesetError(HandbookError):
-    """A worker failed to lay out or draw its chunk."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -60,162 +46,10 @@ class PdfRun:
     chunk_seconds: list[dict[str, float]]
     fragments: dict[str, tuple[str, str]]
     refused: list[str]
+    t_written: float = 0.0  # time.monotonic() when book.pdf was on disk
     # each chunk's layout: (sent, done) in time.monotonic(), its worker's CPU seconds, and whether it was laid out
     # while the book was still being written (typeset/background.py)
     layout: list[tuple[float, float, float, bool]] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Worker processes
-
-
-def default_workers() -> int:
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        n = os.cpu_count() or 1
-    return max(1, n)
-
-
-WORKER_COMMAND = (sys.executable, "-P", "-m", "orchestrator.typeset.worker")
-
-
-def worker_env() -> dict[str, str]:
-    """The environment a worker starts in: it must import this very copy of the package, whatever the parent's
-    working directory. ``-P`` keeps the working directory off the worker's path (another checkout there cannot
-    shadow us); the folder that holds this package goes first on PYTHONPATH, unless it is a site directory (an
-    installed package: already on the path, and putting site-packages before the standard library could shadow
-    it). A checkout imported through sys.path, as the benchmarks do, is found that way too."""
-    root = str(Path(__file__).resolve().parents[2])
-    site_dirs = {str(Path(d).resolve()) for d in (*site.getsitepackages(), site.getusersitepackages())}
-    env = dict(os.environ)
-    if root not in site_dirs:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-class _Worker:
-    """A layout process: imports WeasyPrint once, then runs the jobs it is sent, one at a time.
-
-    A plain subprocess rather than multiprocessing: nothing re-imports the caller's ``__main__`` (a script without
-    an ``if __name__ == "__main__"`` guard stays safe), nothing is forked from a parent that may run threads, and
-    each worker's memory is its own (its peak RSS is honest). The package's lazy ``__init__`` keeps the job
-    machinery (rich, aiohttp, the client) out of it.
-    """
-
-    def __init__(self, wid: int, events: queue.Queue[tuple[int, Any]], env: dict[str, str]):
-        self.wid = wid
-        self.job: int | None = None
-        self.stderr_tail = b""
-        self.proc = subprocess.Popen(
-            WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
-            env=env,
-        )
-        assert self.proc.stdin and self.proc.stdout and self.proc.stderr  # all three are pipes: for the type checker
-        self._stdin, self._stdout, self._stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
-        self._events = events
-        threading.Thread(target=self._read, daemon=True, name=f"typeset-worker-{wid}").start()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-
-    def send(self, job: dict[str, Any]) -> None:
-        self.job = job["index"]
-        data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        self._stdin.write(frame(data))
-        self._stdin.flush()
-
-    def _read(self) -> None:
-        try:
-            while (body := read_frame(self._stdout)) is not None:
-                self._events.put((self.wid, pickle.loads(body)))
-        finally:
-            self._events.put((self.wid, None))  # the worker is gone
-
-    def _drain_stderr(self) -> None:
-        for chunk in iter(lambda: self._stderr.read(4096), b""):
-            self.stderr_tail = (self.stderr_tail + chunk)[-4000:]
-
-    def close(self, kill: bool = False) -> None:
-        try:
-            if kill:
-                self.proc.kill()
-            else:
-                self._stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-
-
-class _Pool:
-    """The layout workers and the one queue their messages arrive on. ``nice`` > 0: the workers lower their own
-    priority first (typesetting while the job is still writing must never take a core from the client). Whoever
-    owns the pool may put its own messages on ``events`` with a negative worker id (typeset/background.py)."""
-
-    def __init__(self, n: int, nice: int = 0, events: queue.Queue[tuple[int, Any]] | None = None):
-        self.events: queue.Queue[tuple[int, Any]] = events if events is not None else queue.Queue()
-        env = worker_env()
-        if nice > 0:
-            env[NICE_ENV] = str(nice)
-        self.workers = [_Worker(i, self.events, env) for i in range(n)]
-        self.peak_rss: dict[int, float] = {}
-        self.sent: dict[int, float] = {}  # job index -> when it was sent (time.monotonic())
-
-    def idle(self) -> list[_Worker]:
-        return [w for w in self.workers if w.job is None and w.proc.poll() is None]
-
-    def alive(self) -> bool:
-        return all(w.proc.poll() is None for w in self.workers)
-
-    def busy(self) -> bool:
-        return any(w.job is not None for w in self.workers)
-
-    def messages(self) -> list[tuple[str, int, Any]]:
-        """Block until at least one message; a worker that died mid-job becomes an "error" message."""
-        try:
-            items = [self.events.get(timeout=WORKER_SILENCE_S)]
-        except queue.Empty:
-            raise TypesetError(f"a layout worker said nothing for {WORKER_SILENCE_S} s; gave up") from None
-        while True:
-            try:
-                items.append(self.events.get_nowait())
-            except queue.Empty:
-                break
-        return [m for wid, msg in items for m in self.handle(wid, msg)]
-
-    def send(self, w: _Worker, job: dict[str, Any]) -> None:
-        self.sent[job["index"]] = time.monotonic()
-        w.send(job)
-
-    def handle(self, wid: int, msg: Any) -> list[tuple[str, int, Any]]:
-        """One queue item as messages: a worker's own, an "error" for a worker that died mid-job, or nothing (a
-        worker that exited idle; an owner's message, which is the owner's to read)."""
-        out: list[tuple[str, int, Any]] = []
-        if wid >= 0:
-            w = self.workers[wid]
-            if msg is None:
-                if w.job is not None:
-                    w.proc.wait(5)
-                    tail = w.stderr_tail.decode("utf-8", "replace").strip().splitlines()
-                    out.append(("error", w.job, (f"worker exited with code {w.proc.returncode}: "
-                                               f"{tail[-1] if tail else 'no message'}")))
-                    w.job = None
-                return out
-            if msg[0] in ("done", "error"):
-                w.job = None
-                if msg[0] == "done":
-                    self.peak_rss[wid] = max(self.peak_rss.get(wid, 0.0), msg[2]["peak_rss_mb"])
-                    msg[2]["t_sent"] = self.sent.get(msg[1], 0.0)
-                    msg[2]["t_done"] = time.monotonic()
-            out.append(msg)
-        return out
-
-    def close(self, kill: bool = False) -> None:
-        """Stop the workers: an idle one is asked to exit (and waited for), a busy one is killed when ``kill``."""
-        for w in self.workers:
-            w.close(kill=kill and w.job is not None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,11 +122,17 @@ def _jobs(root: Node, chunks: list[list[Node]], template_dirs: list[str], tmp: P
 
 
 def job_key(job: dict[str, Any]) -> bytes:
-    """What a chunk's layout depends on: the job without its number, output path and cost estimate. Equal keys
-    give the same pages, so a chunk laid out while the book was still being written (typeset/background.py) is
-    taken only if the finished book asks for exactly the same chunk."""
+    """What a chunk's layout depends on: the job without its number, output path and cost estimate, and the
+    template files as they are on disk now. Equal keys give the same pages, so a chunk laid out while the book was
+    still being written (typeset/background.py) is taken only if the finished book asks for exactly this chunk."""
     same = {k: v for k, v in job.items() if k not in ("index", "out", "cost")}
-    return hashlib.blake2b(pickle.dumps(same, protocol=pickle.HIGHEST_PROTOCOL), digest_size=20).digest()
+    h = hashlib.blake2b(pickle.dumps(same, protocol=pickle.HIGHEST_PROTOCOL), digest_size=20)
+    for d in job["template_dirs"]:
+        for f in sorted(Path(d).glob("*")):
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f}\0{st.st_mtime_ns}\0{st.st_size}\0".encode())
+    return h.digest()
 
 
 @dataclass
@@ -327,9 +167,6 @@ def render_pdf(
     merger = Merger()
     results: dict[int, dict[str, Any]] = {}
     awaited: dict[int, list[int]] = {}  # a background job still running -> the chunks waiting for it
-    if prepared is not None and not prepared.pool.alive():  # a worker died while writing: keep only its results
-        prepared.pool.close(kill=True)
-        prepared = Prepared(_Pool(min(workers, len(jobs))), prepared.done, {})
     if prepared is None:
         pending = jobs
         pool = _Pool(min(workers, len(pending)))
@@ -345,6 +182,12 @@ def render_pdf(
                 awaited.setdefault(running[key], []).append(j["index"])
             else:
                 pending.append(j)
+        for w in pool.workers:  # a worker that died while writing, or lays out what nobody needs now: replaced
+            if w.proc.poll() is not None or (w.job is not None and w.job not in awaited):
+                pool.retire(w)
+        short = min(workers, len(pending) + len(awaited)) - len(pool.current())
+        if short > 0:
+            pool.add(short)  # at full priority: the writing is over
     pending = sorted(pending, key=lambda j: j["cost"], reverse=True)  # biggest first
     by_index = {j["index"]: j for j in jobs}
     try:
@@ -352,6 +195,8 @@ def render_pdf(
             for w in pool.idle():
                 if pending:
                     pool.send(w, pending.pop(0))
+            if pending and not pool.current():
+                raise TypesetError("every layout worker exited before the book was laid out")
             for kind, idx, payload in pool.messages():
                 if idx in awaited:  # a chunk laid out while writing, for this very content
                     mine = awaited.pop(idx)
@@ -382,6 +227,7 @@ def render_pdf(
         if merger.pages != reported:
             raise TypesetError(f"the merged PDF has {merger.pages} pages where the chunks had {reported}")
         pages = merger.finish(results[0], bodies, out_pdf, root, plain_text(render_inline(root.title)))
+        t_written = time.monotonic()
     finally:
         pool.close(kill=True)  # only a worker still busy (a chunk nobody needs, or a failure) is killed
         shutil.rmtree(tmp, ignore_errors=True)
@@ -398,4 +244,5 @@ def render_pdf(
                 for r in results.values()],
         fragments=fragments,
         refused=[u for r in results.values() for u in r["refused"]],
+        t_written=t_written,
     )

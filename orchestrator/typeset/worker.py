@@ -11,6 +11,7 @@ import logging
 import mimetypes
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -127,6 +128,8 @@ def main() -> None:
     # The cyclic collector only costs time during a layout (WeasyPrint makes few reference cycles; measured
     # ~13% less CPU at the same peak memory); one collection between jobs keeps a long-lived worker tidy.
     gc.disable()
+    # Ctrl-C in the terminal reaches the whole process group: the parent decides (it closes our stdin, or kills us)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     nice = int(os.environ.get(NICE_ENV, "0") or 0)
     if nice > 0 and hasattr(os, "nice"):  # typesetting while the job writes: the client's core comes first
         os.nice(nice)
