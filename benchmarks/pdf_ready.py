@@ -21,6 +21,14 @@ seconds, not model seconds:
     sim late s        how far the simulated cards fell behind their schedule so far (wall s, cumulative)
     same PDF          the two PDFs have the same page count and the same text on every page
 
+Then the units table: from the after-writing run's section end times and layout CPU, a lower bound of the layout
+left after the last section if the unit of layout were the part (what is built: the measured figure beside it),
+the chapter or the section, each laid out apart as soon as it is whole, on otherwise idle cores, plus the fixed
+cost of one layout document in a warm worker (measured here after the runs, on one part of k synthetic sections:
+an upper estimate for a document of sections alone, which has no part or chapter opening);
+"batched" lets a free core take every section whole by then as one document. It says which design can meet the
+target at all; it is a model (no merge, no pagination of our own, the client's CPU ignored), not a measurement.
+
 Why the share is what it is: each part waits for its slowest section, so the sections' end times decide it (on
 the published take every section runs in one wave and every part finishes within the last second or two of the
 writing; with more sections than slots, parts finish in book order, wave by wave). ``--json`` prints the rows.
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -56,24 +65,114 @@ def pdf_digest(path: Path) -> tuple[int, str]:
     return len(reader.pages), h.hexdigest()
 
 
-class PartClock:
-    """Event consumer: when each part's last section finished (the earliest a part can be laid out)."""
+class SectionClock:
+    """Event consumer: when each section finished (the earliest it can be laid out) and how long its text is."""
 
     def __init__(self) -> None:
-        self.ends: dict[str, float] = {}
+        self.ends: dict[str, tuple[float, int]] = {}
 
     def __call__(self, ev: object) -> None:
         if isinstance(ev, NodeFinished) and ev.kind == "section":
-            part = ev.path.split(".", 1)[0]
-            self.ends[part] = max(self.ends.get(part, 0.0), ev.t)
+            self.ends[ev.path] = (ev.t, len(ev.reply.text))
 
     def lead_s(self) -> tuple[float, float]:
         """How long before the last section the first part, and the median part, were whole."""
-        if not self.ends:
+        parts = [t for t, _ in units(self.ends, 1)]
+        if not parts:
             return 0.0, 0.0
-        last = max(self.ends.values())
-        leads = sorted(last - t for t in self.ends.values())
+        leads = sorted(max(parts) - t for t in parts)
         return leads[-1], leads[len(leads) // 2]
+
+
+def units(ends: dict[str, tuple[float, int]], depth: int) -> list[tuple[float, int]]:
+    """Units of layout (depth 1: parts, 2: chapters, 3: sections): when each is whole, and its characters."""
+    out: dict[str, tuple[float, int]] = {}
+    for path, (t, n) in ends.items():
+        key = ".".join(path.split(".")[:depth])
+        t0, n0 = out.get(key, (0.0, 0))
+        out[key] = (max(t0, t), n0 + n)
+    return list(out.values())
+
+
+def layout_left(ends: dict[str, tuple[float, int]], depth: int, cpu_s: float, fixed_s: float, cores: int,
+                batch: bool = False) -> float:
+    """A lower bound of the layout left after the last section, if each unit were laid out apart as soon as it
+    is whole: ``cpu_s`` (the whole book's layout CPU) shared by characters, plus ``fixed_s`` per layout document,
+    on ``cores`` otherwise idle cores, nothing else running, no merge. With ``batch``, a free core takes every
+    unit whole by then as one document (one fixed cost for all of them)."""
+    chars = sum(n for _, n in ends.values()) or 1
+    jobs = sorted((t, cpu_s * n / chars) for t, n in units(ends, depth))
+    if not jobs:
+        return 0.0
+    last = max(t for t, _ in ends.values())
+    free = [jobs[0][0]] * cores
+    i, end = 0, 0.0
+    while i < len(jobs):
+        free.sort()
+        start = max(free.pop(0), jobs[i][0])
+        j = i + 1
+        while batch and j < len(jobs) and jobs[j][0] <= start:
+            j += 1
+        free.append(start + fixed_s + sum(c for _, c in jobs[i:j]))
+        end = max(end, free[-1])
+        i = j
+    return max(0.0, end - last)
+
+
+def document_cpu_s(sizes: tuple[int, ...] = (1, 4, 16)) -> tuple[float, float]:
+    """The layout CPU of one document in a warm worker, fitted as fixed + per section: one part of k sections of
+    benchmarks/typeset.py's synthetic book (shaped like the reference run's), laid out three times each (the
+    least is kept). Returns (fixed s, per-section s)."""
+    from typeset import make_book  # the sibling benchmark's deterministic book
+
+    from orchestrator.typeset.book import _template_dirs
+    from orchestrator.typeset.html import parse_book
+    from orchestrator.typeset.pdf import MAX_CHUNK_CHARS, _jobs, plan_chunks
+    from orchestrator.typeset.pool import _Pool
+
+    pool = _Pool(1)
+    points = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="pdf-ready-doc-") as tmp:
+            for k in (sizes[0], *sizes):  # the first is a warm-up
+                root = parse_book(make_book(1, 1, k).markdown)
+                body = _jobs(root, plan_chunks(root, MAX_CHUNK_CHARS), _template_dirs(None), Path(tmp), False)[1]
+                best = float("inf")
+                for rep in range(3):
+                    pool.send(pool.idle()[0], {**body, "index": 1000 * k + rep})
+                    got: dict | None = None
+                    while got is None:
+                        for kind, _, payload in pool.messages():
+                            if kind != "done":
+                                raise RuntimeError(f"layout failed: {payload}")
+                            got = payload
+                    best = min(best, got["seconds"]["cpu"])
+                points.append((k, best))
+    finally:
+        pool.close(kill=True)
+    points = points[1:]
+    n = len(points)
+    mx, my = sum(k for k, _ in points) / n, sum(c for _, c in points) / n
+    per = sum((k - mx) * (c - my) for k, c in points) / sum((k - mx) ** 2 for k, _ in points)
+    return my - per * mx, per
+
+
+def units_table(ends: dict[str, tuple[float, int]], cpu_s: float, full_s: float, measured_part_s: float | None,
+                fixed_s: float) -> str:
+    """The lower bounds for each unit of layout against the issue's target (15% of ``full_s``)."""
+    cores = os.cpu_count() or 1
+    rows = [("part", 1, False, measured_part_s), ("chapter", 2, False, None), ("section", 3, False, None),
+            ("section, batched", 3, True, None)]
+    lines = [f"units of layout: lower bound of the layout left after the last section ({cores} idle cores, "
+             f"{cpu_s:.1f} layout CPU s, {fixed_s * 1000:.0f} ms per document measured; target <= "
+             f"{0.15 * full_s:.2f} s = 15% of {full_s:.2f})",
+             f"{'unit':>17}  {'units':>5}  {'left s, 0 fixed':>15}  {'left s, fixed':>13}  {'share':>5}  {'measured':>8}"]
+    for name, depth, batch, measured in rows:
+        bound0 = layout_left(ends, depth, cpu_s, 0.0, cores, batch)
+        bound = layout_left(ends, depth, cpu_s, fixed_s, cores, batch)
+        lines.append(f"{name:>17}  {len(units(ends, depth)):>5}  {bound0:>15.2f}  {bound:>13.2f}  "
+                     f"{bound / full_s if full_s else 0:>5.2f}  {'' if measured is None else f'{measured:.2f}':>8}")
+    return "\n".join(lines)
 
 
 def run_once(fleet: SimFleet, background: bool, shape: dict, out: Path) -> dict:
@@ -81,7 +180,7 @@ def run_once(fleet: SimFleet, background: bool, shape: dict, out: Path) -> dict:
     prompt = preset.pop("prompt")
     preset.update(shape)
     settings = Settings(**preset, formats=("md", "pdf"), typeset_while_writing=background)
-    clock = PartClock()
+    clock = SectionClock()
     t0 = time.monotonic()
     result = anyio.run(lambda: agenerate(prompt, fleet.urls, settings, out=str(out), on_event=clock, fresh=True))
     wall = time.monotonic() - t0
@@ -108,6 +207,7 @@ def run_once(fleet: SimFleet, background: bool, shape: dict, out: Path) -> dict:
         "sim_late_s": max(x["late_s"] for x in fleet.all_stats()),  # since the cards started
         "digest": digest,
         "pages_read": pages,
+        "ends": clock.ends,
     }
 
 
@@ -149,10 +249,19 @@ def main() -> None:
         for background in (True, False):
             rows.append(run_once(fleet, background, shape, Path(tmp) / str(background)))
             print(f"[{rows[-1]['mode']}: {rows[-1]['wall_s']:.0f} s wall]", file=sys.stderr, flush=True)
+    fixed_s, per_section_s = document_cpu_s()  # with the cards stopped: nothing else on the cores
     print(f"{args.cards} simulated cards, time-scale {args.time_scale:g}; wall seconds")
     print(table(rows))
+    after = next(r for r in rows if r["mode"] == "after writing")
+    during = next(r for r in rows if r["mode"] == "while writing")
+    print()
+    print(units_table(after["ends"], after["cpu_after_write_s"], after["typeset_after_write_s"],
+                      during["typeset_after_write_s"], fixed_s))
+    print(f"(one layout document in a warm worker: {fixed_s * 1000:.0f} ms + {per_section_s * 1000:.0f} ms per section)")
     if args.json:
-        print(json.dumps(rows))
+        for r in rows:
+            r.pop("ends")
+        print(json.dumps({"rows": rows, "document_fixed_s": fixed_s, "document_per_section_s": per_section_s}))
 
 
 if __name__ == "__main__":
