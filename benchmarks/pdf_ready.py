@@ -126,8 +126,9 @@ def document_cpu_s(sizes: tuple[int, ...] = (1, 4, 16)) -> tuple[float, float]:
     from typeset import make_book  # the sibling benchmark's deterministic book
 
     from orchestrator.typeset.book import _template_dirs
-    from orchestrator.typeset.html import parse_book
-    from orchestrator.typeset.pdf import MAX_CHUNK_CHARS, _jobs, plan_chunks
+    from orchestrator.typeset.galley import book_items, templates_digest
+    from orchestrator.typeset.html import parse_book, render_inline
+    from orchestrator.typeset.pdf import galley_job
     from orchestrator.typeset.pool import _Pool
 
     pool = _Pool(1)
@@ -136,7 +137,9 @@ def document_cpu_s(sizes: tuple[int, ...] = (1, 4, 16)) -> tuple[float, float]:
         with tempfile.TemporaryDirectory(prefix="pdf-ready-doc-") as tmp:
             for k in (sizes[0], *sizes):  # the first is a warm-up
                 root = parse_book(make_book(1, 1, k).markdown)
-                body = _jobs(root, plan_chunks(root, MAX_CHUNK_CHARS), _template_dirs(None), Path(tmp), False)[1]
+                dirs = _template_dirs(None)
+                body = galley_job(render_inline(root.title), dirs, book_items(root, templates_digest(dirs)), 1,
+                                  Path(tmp) / "doc.pdf", False)
                 best = float("inf")
                 for rep in range(3):
                     pool.send(pool.idle()[0], {**body, "index": 1000 * k + rep})

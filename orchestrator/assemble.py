@@ -160,12 +160,21 @@ def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = 
     return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")
 
 
-def part_markdown(outline: Outline, pi: int, sections: dict[str, SectionText], missing: str = "not written") -> str:
-    """Part ``pi`` (from 1) as :func:`assemble` writes it into book.md, under the book's title line: what
-    typesetting while writing lays out as soon as the part's last section is in (typeset/background.py)."""
-    refs = {r.path: r for r in outline.sections() if r.path.startswith(f"{pi}.")}
-    out = [f"# {outline.title}", "", *_part_lines(outline, pi, sections, missing, refs, [])]
-    return "\n".join(out).rstrip() + "\n"
+def section_markdown(title: str, s: SectionText | None, missing: str = "not written") -> str:
+    """One section as :func:`assemble` writes it into book.md under the outline's ``title``: what typesetting
+    while writing lays out as soon as the section is in (typeset/background.py)."""
+    if s is None or s.title != title:
+        s = SectionText("", "", "", title, "", error=missing)
+    return "\n".join(_section_lines(title, s)).rstrip() + "\n"
+
+
+def _section_lines(title: str, s: SectionText) -> list[str]:
+    out = [f"#### {title}", ""]
+    if s.error is not None:
+        out += [f"> **This section is missing**: {s.error}", ""]
+    elif s.text.strip():
+        out += [s.body, ""]
+    return out
 
 
 def _part_lines(outline: Outline, pi: int, sections: dict[str, SectionText], missing: str,
@@ -180,9 +189,5 @@ def _part_lines(outline: Outline, pi: int, sections: dict[str, SectionText], mis
             if s is None or s.title != title:
                 s = SectionText(path, refs[path].part, refs[path].chapter, title, "", error=missing)
             ordered.append(s)
-            out += [f"#### {title}", ""]
-            if s.error is not None:
-                out += [f"> **This section is missing**: {s.error}", ""]
-            elif s.text.strip():
-                out += [s.body, ""]
+            out += _section_lines(title, s)
     return out

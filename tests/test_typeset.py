@@ -19,7 +19,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.resources import bundled_templates
 from orchestrator.typeset import TypesetInfo, typeset, typeset_to
 from orchestrator.typeset.html import highlight, parse_book, render_inline, render_markdown
-from orchestrator.typeset.pdf import WORKER_COMMAND, TypesetError, plan_chunks, worker_env
+from orchestrator.typeset.pdf import WORKER_COMMAND, TypesetError, worker_env
 
 A5 = (419.5, 595.3)
 _WORDS = ["the", "service", "keeps", "its", "queue", "small", "because", "every", "request", "that", "waits", "costs", "memory", "and", "latency", "while", "the", "cache", "answers", "most", "reads", "so", "the", "database", "sees", "only", "writes", "and", "a", "few", "misses", "which", "we", "measure", "with", "metrics", "that", "alert", "the", "team", "before", "users", "notice"]
@@ -87,19 +87,6 @@ def test_untitled_and_partless_books():
     root = parse_book("Some preface.\n\n### Chapter only\n\n#### S1\n\ntext\n", default_title="Fallback")
     assert root.title == "Fallback" and root.body == "Some preface."
     assert [n.id for n in root.walk()][1:] == ["c0-1", "s0-1-1"]
-    assert len(plan_chunks(root, 600_000)) == 1
-
-
-def test_plan_chunks_splits_big_parts_between_chapters():
-    md, _ = small_book(parts=2, chapters=4, sections=2)
-    root = parse_book(md)
-    assert [[n.id for n in c] for c in plan_chunks(root, 10**9)] == [["p1"], ["p2"]]
-    chunks = plan_chunks(root, root.children[0].size() // 3)
-    assert len(chunks) > 2
-    assert chunks[0][0].id == "p1" and chunks[0][0].children == []  # the part heading leads its first run
-    ids = [n.id for c in chunks for n in c]
-    assert ids.index("p2") > ids.index("c1-4")
-    assert sorted(x for x in ids if x.startswith("c")) == [f"c{p}-{c}" for p in (1, 2) for c in (1, 2, 3, 4)]
 
 
 def test_untrusted_markdown_renders_safely():

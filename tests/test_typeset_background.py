@@ -1,5 +1,5 @@
-"""Typesetting while writing (orchestrator/typeset/background.py): each part of the PDF is laid out by niced workers
-as soon as its last section is in, and the book.pdf made that way is the one a layout after the job would make."""
+"""Typesetting while writing (orchestrator/typeset/background.py): each section of the PDF is laid out on a galley by
+niced workers as soon as it is in, and the book.pdf made that way is the one a layout after the job would make."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from orchestrator.stepwise import WRITE_OVERRIDES, write_settings
 from orchestrator.typeset import typeset_to
 from orchestrator.typeset.background import BACKGROUND_NICE, BackgroundTypesetter
 from orchestrator.typeset.background import for_job as _background
+from orchestrator.typeset.galley import book_items, templates_digest
+from orchestrator.typeset.html import parse_book
 
 PROMPT = "A handbook of build systems"
 # Two cards at cap 4 write the 24 sections in several waves, so parts 1 and 2 are whole well before part 3.
@@ -114,7 +116,7 @@ def test_same_pdf_with_and_without_typesetting_while_writing(jobs):
         check_timing_stats(res.stats)
     on, off = res_on.stats["typeset_cpu_s"], res_off.stats["typeset_cpu_s"]
     assert off["chunks_from_background"] == 0 and off["during_write"] == 0
-    # Parts really were laid out while the fleet wrote the others (the front matter and at least one part).
+    # Items really were laid out while the fleet wrote the others (the front matter and at least one more batch).
     assert on["chunks_from_background"] >= 2, on
     assert on["during_write"] > 0, on
 
@@ -166,15 +168,29 @@ def dirs() -> list[str]:
     return [str(d) for d in template_dirs(None)]
 
 
+def n_layouts(sections: dict[str, SectionText]) -> int:
+    """What the final layout of this book needs: the front matter and every galley item."""
+    root = parse_book(assemble(OUTLINE, sections).markdown)
+    return 1 + len(book_items(root, templates_digest(dirs())))
+
+
+def n_from_outline() -> int:
+    """What the outline alone lets the background lay out: the front matter, each part's title page, each
+    chapter's heading and running head."""
+    return 1 + len(OUTLINE.parts) + 2 * sum(len(p.chapters) for p in OUTLINE.parts)
+
+
 def test_changed_section_is_laid_out_again_and_the_rest_taken_prepared(tmp_path):
     sections = section_texts()
-    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False)
+    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False, batch=1)
     try:
         bg(OutlineReady(OUTLINE, time.monotonic()))
         for s in sections.values():
             bg.section_landed(s)
-        wait_for(lambda: len(bg.done) >= 1 + len(OUTLINE.parts), 60, "the front matter and every part laid out")
-        assert bg.failed == 0 and len(bg.done) == 4
+        wanted = n_layouts(sections)
+        assert wanted == n_from_outline() + 6
+        wait_for(lambda: len(bg.done) >= wanted, 60, "the front matter and every item laid out")
+        assert bg.failed == 0 and len(bg.done) == wanted
 
         ref = next(r for r in OUTLINE.sections() if r.path == CHANGED)
         changed = {**sections, CHANGED: section(ref, f"This section now says {NEW_WORD} and nothing older. " * 6)}
@@ -187,12 +203,12 @@ def test_changed_section_is_laid_out_again_and_the_rest_taken_prepared(tmp_path)
     texts, marks = pdf_facts(tmp_path / "book.pdf")
     whole = " ".join(texts)
     assert NEW_WORD in whole and OLD_WORD not in whole
-    assert info.pdf_pages == len(texts) and info.chunks == 3
-    # The front matter and the two unchanged parts were taken as laid out while writing (done before the
-    # handover); the changed part was laid out afresh, after it.
+    assert info.pdf_pages == len(texts)
+    # Everything but the changed section was taken as laid out while writing (done before the handover); the
+    # changed section was laid out afresh, after it, in one document of its own.
     prepared = [c for c in info.layout if c[3]]
     fresh = [c for c in info.layout if not c[3]]
-    assert len(prepared) == 3 and len(fresh) == 1, info.layout
+    assert len(prepared) >= 1 and len(fresh) == 1 and info.chunks == len(info.layout), info.layout
     assert all(done <= t_handover for _, done, _, _ in prepared)
     assert all(sent >= t_handover for sent, _, _, _ in fresh)
 
@@ -204,7 +220,7 @@ def test_changed_section_is_laid_out_again_and_the_rest_taken_prepared(tmp_path)
 
 def test_background_workers_run_at_a_lower_priority():
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False)
+    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False, batch=1)
     try:
         bg(OutlineReady(OUTLINE, time.monotonic()))
         wait_for(lambda: bg.pool is not None, 20, "the outline to start the pool")
@@ -274,10 +290,10 @@ def test_typeset_after_writing_flag(jobs):
 def test_a_background_worker_that_dies_costs_only_itself(tmp_path):
     sections = section_texts()
     markdown = assemble(OUTLINE, sections).markdown
-    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False)
+    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False, batch=1)
     try:
         bg(OutlineReady(OUTLINE, time.monotonic()))
-        wait_for(lambda: len(bg.done) == 1, 60, "the front matter laid out")  # from the outline alone
+        wait_for(lambda: len(bg.done) == n_from_outline(), 60, "the outline's items laid out")
         assert bg.pool is not None and not bg.pool.busy()
         victim = bg.pool.workers[0]
         victim.proc.kill()
@@ -285,13 +301,13 @@ def test_a_background_worker_that_dies_costs_only_itself(tmp_path):
         for s in sections.values():
             bg.section_landed(s)
         # the other worker lays out everything: a dead worker is never sent a job
-        wait_for(lambda: len(bg.done) == 1 + len(OUTLINE.parts), 90, "every chunk laid out by the live worker")
+        wait_for(lambda: len(bg.done) == n_layouts(sections), 90, "every item laid out by the live worker")
         info = typeset_to(markdown, pdf_path=tmp_path / "book.pdf", html_path=None, workers=2,
                           prepared=bg.handover())
         assert victim.retired  # replaced in the final layout's pool, not sent anything
     finally:
         bg.close()
-    assert all(c[3] for c in info.layout) and len(info.layout) == 4
+    assert all(c[3] for c in info.layout) and len(info.layout) >= 2
     plain = typeset_to(markdown, pdf_path=tmp_path / "plain.pdf", html_path=None, workers=2)
     assert pdf_facts(tmp_path / "book.pdf") == pdf_facts(tmp_path / "plain.pdf")
     assert plain.pdf_pages == info.pdf_pages
@@ -314,10 +330,10 @@ def test_the_final_layout_fails_at_once_when_no_worker_can_start(tmp_path, monke
     assert time.monotonic() - t0 < 50
 
 
-def test_a_chunk_whose_worker_died_mid_layout_is_laid_out_at_the_end(tmp_path):
+def test_a_layout_whose_worker_died_mid_layout_is_done_again_at_the_end(tmp_path):
     sections = section_texts()
     markdown = assemble(OUTLINE, sections).markdown
-    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False)
+    bg = BackgroundTypesetter(dirs(), workers=2, want_fragments=False, batch=1)
     try:
         bg(OutlineReady(OUTLINE, time.monotonic()))
         wait_for(lambda: bg.pool is not None and bg.pool.busy(), 20, "the front matter sent to a worker")
@@ -326,7 +342,7 @@ def test_a_chunk_whose_worker_died_mid_layout_is_laid_out_at_the_end(tmp_path):
         victim.proc.kill()  # mid-layout (the front matter takes a worker ~1 s)
         for s in sections.values():
             bg.section_landed(s)
-        wait_for(lambda: bg.failed + len(bg.done) == 1 + len(OUTLINE.parts), 90, "every chunk done or failed")
+        wait_for(lambda: bg.failed >= 1 and not bg.running and not bg.pending, 90, "every layout done or failed")
         info = typeset_to(markdown, pdf_path=tmp_path / "book.pdf", html_path=None, workers=2,
                           prepared=bg.handover())
     finally:

@@ -1,21 +1,22 @@
-"""Typesetting while the book is still being written: each part is laid out as soon as its last section is in.
+"""Typesetting while the book is still being written: each section is laid out as soon as it is in.
 
-The reader waits for the PDF, not for book.md. A part's layout depends on nothing outside it (parts start on a page
-of their own; page numbers, the contents and the bookmarks are stamped by the merge: typeset/merge.py), so a
-finished part can be laid out while the fleet writes the others, by the same workers and the same chunk jobs the
-final layout uses (typeset/pdf.py), at a lower priority than the client (``nice``). The contents (the front
-matter) needs only the outline, so it goes first.
+The reader waits for the PDF, not for book.md. The body is laid out in galleys (typeset/galley.py): a section's
+lines depend only on its own text, never on where its pages break, so each section can be laid out the moment it
+lands, while the fleet writes the others, by the same workers and the same galley jobs the final layout uses
+(typeset/pdf.py), at a lower priority than the client (``nice``). The front matter, the parts' title pages, the
+chapters' headings and their running heads need only the outline, so they go first.
 
-Nothing here decides what the PDF holds. At the end :func:`orchestrator.typeset.pdf.render_pdf` plans the chunks
-from the finished book.md as it always does, and takes a chunk from here only when its job is exactly the one it
-would send (:func:`~orchestrator.typeset.pdf.job_key`); any other chunk (a section that changed after its part was
-laid out, a layout that failed) is laid out then. So the PDF is the one a layout after the job would make.
+Nothing here decides what the PDF holds. At the end :func:`orchestrator.typeset.pdf.render_pdf` cuts the finished
+book.md into items as it always does, and takes an item from here only when its key (its content and the templates
+on disk) is one it needs; any other item (a section that changed after it was laid out, a layout that failed) is
+laid out then. The pages are cut from the items' lines afterwards, so the PDF is the one a layout after the job
+would make.
 
 The work runs on one thread of its own (the feeder) that owns the pool until :meth:`BackgroundTypesetter.handover`;
 the event loop only puts messages on its queue.
 
     bg = BackgroundTypesetter(template_dirs, workers=2, want_fragments=False)
-    bus.consumers.append(bg)              # OutlineReady: the front matter, and any part already whole
+    bus.consumers.append(bg)              # OutlineReady: the front matter, the parts and the chapters
     writer.on_section = bg.section_landed   # every section stored (written, failed or resumed)
     ...
     render_pdf(root, out, dirs, prepared=bg.handover())
@@ -32,11 +33,15 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..assemble import part_markdown
+from pypdf import PdfWriter
+
+from ..assemble import section_markdown
 from ..events import OutlineReady
 from ..resources import template_dirs
-from .html import parse_book
-from .pdf import MAX_CHUNK_CHARS, Prepared, _jobs, job_key, plan_chunks
+from .compose import Composer
+from .galley import Item, item_for_node, templates_digest
+from .html import parse_book, render_inline
+from .pdf import Prepared, front_job, galley_job, job_key
 from .pool import _Pool, default_workers
 
 if TYPE_CHECKING:
@@ -45,13 +50,18 @@ if TYPE_CHECKING:
     from ..events import Event
     from ..outline import Outline
 
-__all__ = ["BACKGROUND_NICE", "MAX_WORKERS", "BackgroundTypesetter", "for_job", "layout_split"]
+__all__ = ["BACKGROUND_BATCH", "BACKGROUND_NICE", "MAX_WORKERS", "BackgroundTypesetter", "for_job", "layout_split"]
 
 log = logging.getLogger("handbook")
 
 BACKGROUND_NICE = 10  # the client's event loop must never wait for a layout
 MAX_WORKERS = 8  # beside the job's streams (osutil.FD_RESERVE holds their pipes); the final layout adds more
-_FIRST_INDEX = 1_000_000  # background jobs are numbered apart from the final layout's (0 .. chunks)
+_FIRST_INDEX = 1_000_000  # background jobs are numbered apart from the final layout's (0 .. batches)
+# Items per layout document while writing: a batch is sent once this many are waiting (what is still waiting when
+# the last section lands goes to the final layout). Each document costs ~50 ms of fixed layout work and its own font
+# subsets in the PDF, and the final layout reads each one, so fewer is better; the final layout also waits for a
+# document still running when the last section lands, so smaller is better: 24 items are ~0.6 s of one core.
+BACKGROUND_BATCH = 24
 
 
 def for_job(settings: Settings) -> BackgroundTypesetter | None:
@@ -71,25 +81,31 @@ def for_job(settings: Settings) -> BackgroundTypesetter | None:
 
 
 class BackgroundTypesetter:
-    """Lays out the front matter and every finished part while the job writes; see the module docstring."""
+    """Lays out the front matter and every item of the body as soon as it is known; see the module docstring."""
 
     def __init__(self, template_dirs: list[str], *, workers: int, want_fragments: bool,
-                 nice: int = BACKGROUND_NICE, max_chunk_chars: int = MAX_CHUNK_CHARS):
+                 nice: int = BACKGROUND_NICE, batch: int = BACKGROUND_BATCH):
         self.template_dirs = template_dirs
         self.workers = workers
         self.want_fragments = want_fragments
         self.nice = nice
-        self.max_chunk_chars = max_chunk_chars
+        self.batch = batch
         self.events: queue.Queue[tuple[int, Any]] = queue.Queue()
         self.tmp = Path(tempfile.mkdtemp(prefix="handbook-background-"))
         self.pool: _Pool | None = None
         self.outline: Outline | None = None
-        self.sections: dict[str, SectionText] = {}
-        self.landed: dict[int, int] = {}  # part -> sections of it in
-        self.pending: list[dict[str, Any]] = []
-        self.queued: set[bytes] = set()  # keys pending, running or done
-        self.running: dict[int, bytes] = {}
-        self.done: dict[bytes, dict[str, Any]] = {}
+        self.digest = b""
+        self.title_html = ""
+        self.pending: list[Item] = []
+        self.front: dict[str, Any] | None = None  # the front matter's job, until sent
+        self.queued: set[str] = set()  # keys pending, running or done
+        self.running: dict[int, list[str]] = {}
+        self.done: dict[str, dict[str, Any]] = {}
+        self.documents: dict[int, tuple[float, float, float]] = {}
+        self.early: list[SectionText] = []  # sections in before the outline was known
+        # Reads each galley document as it is laid out, into the writer the final layout will finish (the parent's
+        # share of the work, done while the fleet writes: ~20 ms a document)
+        self.composer = Composer(PdfWriter(), {})
         self.failed = 0
         self._next = _FIRST_INDEX
         self._thread = threading.Thread(target=self._feed, daemon=True, name="typeset-background")
@@ -106,15 +122,16 @@ class BackgroundTypesetter:
         self.events.put((-1, ("section", section)))
 
     def handover(self) -> Prepared | None:
-        """Stop laying out new chunks; the pool, the chunks done and those still running go to the final layout
+        """Stop laying out; the pool, the items done and the documents still running go to the final layout
         (which closes the pool). None when nothing was ever started."""
         self._stop()
         if self.pool is None:
             return None
-        return Prepared(self.pool, dict(self.done), dict(self.running))
+        return Prepared(self.pool, dict(self.done), {i: list(k) for i, k in self.running.items()},
+                        dict(self.documents), self.composer)
 
     def close(self) -> None:
-        """Stop the workers (the final layout has closed them already when it ran) and remove the chunks' files.
+        """Stop the workers (the final layout has closed them already when it ran) and remove the galleys' files.
         Safe to call twice."""
         self._stop()
         if self.pool is not None:
@@ -147,71 +164,88 @@ class BackgroundTypesetter:
 
     def _control(self, kind: str, payload: Any) -> None:
         if kind == "outline":
-            self.outline = payload
-            if self.pool is None:  # no more workers than chunks to lay out (the front matter and the parts)
-                self.pool = _Pool(min(self.workers, len(payload.parts) + 1), nice=self.nice, events=self.events)
-            self._front()
-            for pi in range(1, len(payload.parts) + 1):
-                self._maybe_part(pi)
+            self._outline(payload)
+            for s in self.early:
+                self._section(s)
+            self.early = []
         elif kind == "section":
-            s: SectionText = payload
-            pi = int(s.path.split(".", 1)[0])
-            if s.path not in self.sections:
-                self.landed[pi] = self.landed.get(pi, 0) + 1
-            self.sections[s.path] = s  # a section landing again (a later rewrite) makes its part's key new
-            if self.outline is not None:
-                self._maybe_part(pi)
+            if self.outline is None:
+                self.early.append(payload)
+            else:
+                self._section(payload)
 
-    def _front(self) -> None:
-        """The title page and contents: titles only, so the outline is enough."""
-        assert self.outline is not None
+    def _outline(self, outline: Outline) -> None:
+        """The title page and contents, the parts' title pages, the chapters' headings and running heads: the
+        outline is all they need."""
         from ..assemble import assemble
 
-        root = parse_book(assemble(self.outline, {}).markdown)
-        self._queue(_jobs(root, [], self.template_dirs, self.tmp, self.want_fragments)[:1])
-
-    def _maybe_part(self, pi: int) -> None:
-        assert self.outline is not None
-        if pi < 1 or pi > len(self.outline.parts):
-            return
-        part = self.outline.parts[pi - 1]
-        if self.landed.get(pi, 0) < sum(len(c.sections) for c in part.chapters):
-            return
-        root = parse_book(part_markdown(self.outline, pi, self.sections), parts_before=pi - 1)
-        chunks = plan_chunks(root, self.max_chunk_chars)
-        self._queue(_jobs(root, chunks, self.template_dirs, self.tmp, self.want_fragments)[1:])
-
-    def _queue(self, jobs: list[dict[str, Any]]) -> None:
-        for job in jobs:
-            key = job_key(job)
-            if key in self.queued:
-                continue
+        self.outline = outline
+        if self.pool is None:
+            self.pool = _Pool(self.workers, nice=self.nice, events=self.events)
+        self.digest = templates_digest(self.template_dirs)
+        root = parse_book(assemble(outline, {}).markdown)
+        self.title_html = render_inline(root.title)
+        front = front_job(root, self.template_dirs, self.tmp / "front.pdf")
+        key = job_key(front).hex()
+        if key not in self.queued:
             self.queued.add(key)
-            job = {**job, "index": self._next, "out": str(self.tmp / f"bg{self._next}.pdf"), "key": key}
-            self._next += 1
-            self.pending.append(job)
-        self.pending.sort(key=lambda j: (j["kind"] != "front", -j["cost"]))
+            self.front = {**front, "key": key}
+        self._queue([it for n in root.walk() if n.level in (2, 3) for it in item_for_node(n, self.digest)])
+
+    def _section(self, s: SectionText) -> None:
+        """A section's items, with the ids the whole book gives it (a rewrite makes its key new)."""
+        assert self.outline is not None
+        try:
+            pi, ci, si = (int(x) for x in s.path.split("."))
+            title = self.outline.parts[pi - 1].chapters[ci - 1].sections[si - 1]
+        except (ValueError, IndexError):
+            return
+        root = parse_book(section_markdown(title, s), before=(pi, ci, si - 1))
+        self._queue([it for n in root.walk() if n.level > 1 for it in item_for_node(n, self.digest)])
+
+    def _queue(self, items: list[Item]) -> None:
+        for it in items:
+            if it.key not in self.queued:
+                self.queued.add(it.key)
+                self.pending.append(it)
 
     def _dispatch(self) -> None:
         if self.pool is None:
             return
         for w in self.pool.idle():
-            if not self.pending:
+            idx = self._next
+            if self.front is not None:
+                job = self.front
+                self.front = None
+                keys = [job.pop("key")]
+                job = {**job, "index": idx, "out": str(self.tmp / f"front{idx}.pdf")}
+            elif len(self.pending) >= self.batch:  # fewer, fuller documents: what is left goes to the final layout
+                batch, self.pending = self.pending[:self.batch], self.pending[self.batch:]
+                keys = [it.key for it in batch]
+                job = galley_job(self.title_html, self.template_dirs, batch, idx, self.tmp / f"bg{idx}.pdf",
+                                 self.want_fragments)
+            else:
                 break
-            job = self.pending.pop(0)
-            self.running[job["index"]] = job.pop("key")
+            self._next += 1
+            self.running[idx] = keys
             self.pool.send(w, job)
 
     def _finished(self, kind: str, idx: int, result: Any) -> None:
-        key = self.running.pop(idx, None)
-        if key is None:
+        keys = self.running.pop(idx, None)
+        if keys is None:
             return
-        if kind == "done":
-            self.done[key] = result
-        else:  # laid out again at the end; a second failure is reported there
-            self.queued.discard(key)
+        if kind != "done":  # laid out again at the end; a second failure is reported there
+            self.queued.difference_update(keys)
             self.failed += 1
-            log.debug("a chunk laid out while writing failed: %s", str(result).strip().splitlines()[:1])
+            log.debug("a layout while writing failed: %s", str(result).strip().splitlines()[:1])
+            return
+        self.documents[idx] = (result.get("t_sent", 0.0), result.get("t_done", 0.0), result["seconds"]["cpu"])
+        if result["kind"] == "front":
+            self.done[keys[0]] = {**result, "job": idx}
+            return
+        for key, layout in result["items"].items():
+            self.done[key] = {**layout, "job": idx, "geometry": result["geometry"], "refused": result["refused"]}
+        self.composer.read(result["out"], result["pages"])
 
 
 def layout_split(layout: list[tuple[float, float, float, bool]], t_write_end: float | None,

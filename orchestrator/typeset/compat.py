@@ -12,6 +12,7 @@ its library when called: the parent process, which only merges, must never impor
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,18 @@ if TYPE_CHECKING:
     from pypdf import PdfWriter
     from pypdf.generic import IndirectObject, PdfObject
 
-__all__ = ["add_object", "anchor_boxes", "cap_pdf_compression", "toc_lines"]
+__all__ = [
+    "UNIT_HEAD",
+    "UNIT_KEEP",
+    "add_object",
+    "anchor_boxes",
+    "cap_pdf_compression",
+    "galley_units",
+    "page_contents",
+    "page_geometry",
+    "text_runs",
+    "toc_lines",
+]
 
 # ---------------------------------------------------------------------------------------------------------------
 # pypdf
@@ -112,4 +124,114 @@ def toc_lines(doc: Any, prefix: str = "toc-") -> dict[str, tuple[int, float, flo
                              isinstance(weight, int | float) and weight >= 600)
     except Exception:
         return {}
+    return out
+
+
+# Flags of a galley unit (typeset/galley.py): the unit is (in) a heading; a page break right before it is refused
+# (it would leave fewer than two lines of its paragraph on a page, as CSS's orphans and widows default to 2).
+UNIT_HEAD = 1
+UNIT_KEEP = 2
+_HEADING_TAGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
+
+
+def page_geometry(doc: Any) -> dict[str, float]:
+    """The first page's size and content box, CSS px: width, height, content_x, content_y, content_w, content_h.
+
+    Read from ``Page._page_box`` (internal); the galley layout sizes its pages from it and the composer places the
+    galley slices in that box."""
+    page = doc.pages[0]
+    box = page._page_box
+    return {
+        "width": float(page.width), "height": float(page.height),
+        "content_x": float(box.content_box_x()), "content_y": float(box.content_box_y()),
+        "content_w": float(box.width), "content_h": float(box.height),
+    }
+
+
+def galley_units(page: Any) -> list[tuple[float, float, int]]:
+    """The units a page of running text can be cut between: every line box, and every table row (never cut
+    inside), as (top, bottom, flags) in CSS px from the page's top, in reading order, overlapping ones merged
+    (a list item's marker and its first line are one unit).
+
+    Walks ``Page._page_box`` and ``weasyprint.formatting_structure.boxes`` (internal); a change of shape there
+    fails the layout loudly (the worker reports it) instead of cutting pages in the wrong places."""
+    from weasyprint.formatting_structure import boxes
+
+    raw: list[tuple[float, float, bool, int]] = []  # top, bottom, in a heading, the block the line belongs to
+
+    def walk(box: Any, parent: int, head: bool) -> None:
+        if isinstance(box, boxes.LineBox | boxes.TableRowBox):
+            top = float(box.position_y)
+            raw.append((top, top + float(box.margin_height()), head, parent if isinstance(box, boxes.LineBox) else -1))
+            return
+        for child in getattr(box, "children", None) or ():
+            if isinstance(child, boxes.BlockBox):
+                walk(child, id(child), head or child.element_tag in _HEADING_TAGS)
+            else:
+                walk(child, parent, head)
+
+    walk(page._page_box, 0, False)
+    lines_of: dict[int, int] = {}
+    for _, _, _, parent in raw:
+        lines_of[parent] = lines_of.get(parent, 0) + 1
+    seen: dict[int, int] = {}
+    out: list[tuple[float, float, int]] = []
+    for top, bottom, head, parent in raw:
+        k = seen.get(parent, 0)
+        seen[parent] = k + 1
+        flags = UNIT_HEAD if head else 0
+        if parent != -1 and 0 < k and (k < 2 or lines_of[parent] - k < 2):
+            flags |= UNIT_KEEP
+        if out and top < out[-1][1] - 0.5:  # overlaps the previous unit: one unit
+            ptop, pbottom, pflags = out[-1]
+            out[-1] = (min(ptop, top), max(pbottom, bottom), pflags | (flags & UNIT_HEAD))
+            continue
+        out.append((top, bottom, flags))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pydyf's content streams, as WeasyPrint 68-70 write them
+
+_CTM = re.compile(rb"\A\s*1 0 0 -1 0 [-+.\d]+ cm\s+q\s+0\.75 0 0 0\.75 0 0 cm\s")
+_TEXT = re.compile(rb"(?P<tm>(?:[-+.\d]+\s+){5}(?P<y>[-+.\d]+)\s+Tm)(?=\s)|(?P<show>\[[^\]]*\]\s*TJ|<[^>]*>\s*Tj)"
+                   rb"|(?P<odd>\bT[dD*]\b|\bcm\b|\(|'|\")")
+
+
+def page_contents(pdf: Any) -> list[bytes]:
+    """Every page's content stream as it is written (before deflating), from the ``pydyf.PDF`` that WeasyPrint
+    hands a ``write_pdf(finisher=...)``: ``PDF.page_references``, each page's ``Contents`` reference and
+    ``Stream.stream`` are pydyf's, and pydyf joins a stream's items with ``\\n`` (``Stream.data``)."""
+    import pydyf
+
+    out = []
+    for ref in pdf.page_references:
+        page = pdf.objects[int(ref.split()[0])]
+        stream = pdf.objects[int(page["Contents"].split()[0])]
+        out.append(b"\n".join(pydyf._to_bytes(item) for item in stream.stream))
+    return out
+
+
+def text_runs(content: bytes) -> list[tuple[int, int, float]] | None:
+    """Where a galley page's content stream shows text: (start, end, baseline y in CSS px from the page's top)
+    of every ``TJ``/``Tj`` operation, in stream order. The composer removes those outside a page's slice, so that
+    text clipped out of sight is not in the page either (copying, searching and screen readers would find it).
+
+    WeasyPrint draws every run with an absolute ``1 0 0 -1 x y Tm`` in a space of CSS px (its page-wide ``cm``
+    flips and scales once). Anything else (another ``cm``, a relative move, a literal string) returns None: the
+    page then keeps all its text, clipped (never less than what shows)."""
+    m = _CTM.match(content)
+    if m is None:
+        return None
+    out: list[tuple[int, int, float]] = []
+    y: float | None = None
+    for t in _TEXT.finditer(content, m.end()):
+        if t.group("odd") is not None:
+            return None
+        if t.group("tm") is not None:
+            y = float(t.group("y"))
+        elif y is None:
+            return None
+        else:
+            out.append((t.start("show"), t.end("show"), y))
     return out

@@ -90,15 +90,16 @@ def _split_lines(markdown: str) -> list[str]:
     return markdown.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
-def parse_book(markdown: str, default_title: str = "Handbook", parts_before: int = 0) -> Node:
+def parse_book(markdown: str, default_title: str = "Handbook", before: tuple[int, int, int] = (0, 0, 0)) -> Node:
     """Split the book into its structural tree. The first ``#`` heading is the title; later ``#`` headings are
-    treated as parts. Text before the first part (a preface) is the root's body. ``parts_before``: the Markdown is
-    one part of a longer book, after that many others (its ids are then those the whole book gives it)."""
+    treated as parts. Text before the first part (a preface) is the root's body. ``before``: the Markdown is a
+    piece of a longer book, after that many parts, chapters of its part and sections of its chapter (its ids are
+    then those the whole book gives it)."""
     lines = _split_lines(markdown)
     root = Node(1, default_title, "book")
     stack: list[Node] = [root]
     body: list[str] = []
-    counters = [0, 0, parts_before, 0, 0]
+    counters = [0, 0, *before]
     fence: tuple[str, int, str] | None = None  # (char, length, language)
     seen_title = False
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from pypdf import PageObject, PdfReader, PdfWriter
-from pypdf.annotations import Link
 from pypdf.generic import (
     ArrayObject,
     DecodedStreamObject,
@@ -27,13 +26,14 @@ from pypdf.generic import (
     FloatObject,
     IndirectObject,
     NameObject,
+    NullObject,
     NumberObject,
 )
 
 from .compat import add_object
 from .html import Node, plain_text, render_inline
 
-__all__ = ["PX_TO_PT", "Merger"]
+__all__ = ["PX_TO_PT", "Destination", "Merger"]
 
 PX_TO_PT = 0.75  # WeasyPrint's CSS px -> PDF pt
 
@@ -169,11 +169,11 @@ def _embed_digits(writer: PdfWriter, d: _DigitData, tag: str) -> _DigitFont:
 
 
 class Merger:
-    """Collects the chunk PDFs as they finish (in any order, while the other chunks are still being laid out),
-    then numbers, links and writes the book: the serial tail after the last chunk stays short."""
+    """Holds the book being written: the front matter's pages (:meth:`add`), then the body's (typeset/compose.py);
+    then numbers, links and writes it."""
 
-    def __init__(self) -> None:
-        self.writer = PdfWriter()
+    def __init__(self, writer: PdfWriter | None = None) -> None:
+        self.writer = writer if writer is not None else PdfWriter()
         self.counts: dict[int, int] = {}
         self._digits: dict[str, _DigitData] = {}
         self._fonts_thread = threading.Thread(target=self._prepare_fonts, daemon=True)
@@ -197,19 +197,19 @@ class Merger:
             self.writer.insert_page(page, pos + n - 1)
         self.counts[index] = n
 
-    def finish(self, front: dict[str, Any], bodies: list[dict[str, Any]], out_pdf: Path, root: Node,
+    def finish(self, front: dict[str, Any], dest: dict[str, Destination], out_pdf: Path, root: Node,
                title: str) -> int:
         """Stamp the footers and the contents' numbers, link the contents, add the bookmarks, write ``out_pdf``
-        (atomically); return its page count. ``front`` and ``bodies`` are the workers' reports, in book order."""
+        (atomically); return its page count. ``front``: the front matter's layout report; ``dest``: where each
+        heading is in the book (typeset/compose.py)."""
         self._fonts_thread.join()
         fonts = {k: _embed_digits(self.writer, self._digits[k], f"HBDGT{k}") for k in ("R", "B")}
         pages = list(self.writer.pages)  # indexing writer.pages re-counts the page tree each time
-        dest = _destinations(front, bodies)
         stamps: dict[int, list[str]] = {}
         _footers(pages, fonts["R"], stamps)
-        _contents(self.writer, front, dest, fonts, stamps)
+        _contents(self.writer, pages, front, dest, fonts, stamps)
         _apply_stamps(self.writer, pages, fonts, stamps)
-        _bookmarks(self.writer, front, dest, root)
+        _bookmarks(self.writer, pages, front, dest, root)
         self.writer.add_metadata({"/Title": title, "/Producer": "handbook (WeasyPrint + pypdf)"})
         self.writer.page_mode = "/UseOutlines"
         tmp_out = out_pdf.with_name(out_pdf.name + ".part")
@@ -217,18 +217,6 @@ class Merger:
             self.writer.write(fh)
         os.replace(tmp_out, out_pdf)
         return len(pages)
-
-
-def _destinations(front: dict[str, Any], bodies: list[dict[str, Any]]) -> dict[str, Destination]:
-    """Where every heading starts in the book. A chunk's pages all have its first page's size."""
-    dest: dict[str, Destination] = {}
-    start = front["pages"]
-    for r in bodies:
-        h_px = r["size_px"][1]
-        for name, (page, x1, y1, _x2, _y2) in r["anchors"].items():
-            dest[name] = (start + page, x1 * PX_TO_PT, (h_px - y1) * PX_TO_PT)
-        start += r["pages"]
-    return dest
 
 
 def _stamp(stamps: dict[int, list[str]], page: int, font: str, size: float, x: float, y: float, text: str,
@@ -245,9 +233,12 @@ def _footers(pages: list[PageObject], font: _DigitFont, stamps: dict[int, list[s
         _stamp(stamps, i, "R", FOOTER_SIZE_PT, x, float(box.bottom) + FOOTER_BASELINE_PT, label, FOOTER_GREY)
 
 
-def _contents(writer: PdfWriter, front: dict[str, Any], dest: dict[str, Destination], fonts: dict[str, _DigitFont],
-              stamps: dict[int, list[str]]) -> None:
-    """Each contents entry: its heading's page number, right-aligned on its first line, and a link over it."""
+def _contents(writer: PdfWriter, pages: list[PageObject], front: dict[str, Any], dest: dict[str, Destination],
+              fonts: dict[str, _DigitFont], stamps: dict[int, list[str]]) -> None:
+    """Each contents entry: its heading's page number, right-aligned on its first line, and a link over it.
+
+    The link is built here rather than with ``writer.add_annotation(..., Link(target_page_index=...))``, which
+    counts the page tree again for every call (0.3 s for a 1,500-page book's 1,640 entries)."""
     h_px = front["size_px"][1]
     lines = front.get("toc_lines") or {}
     for name, (page, x1, y1, x2, y2) in front["anchors"].items():
@@ -263,8 +254,21 @@ def _contents(writer: PdfWriter, front: dict[str, Any], dest: dict[str, Destinat
         _stamp(stamps, page, key, size, x2 * PX_TO_PT - fonts[key].width(label, size),
                (h_px - baseline_px) * PX_TO_PT, label, 0)
         rect = (x1 * PX_TO_PT, (h_px - y2) * PX_TO_PT, x2 * PX_TO_PT, (h_px - y1) * PX_TO_PT)
-        writer.add_annotation(page_number=page, annotation=Link(
-            rect=rect, target_page_index=target[0], fit=Fit.xyz(left=target[1], top=target[2])))
+        on = pages[page]
+        link = add_object(writer, DictionaryObject({
+            NameObject("/Type"): NameObject("/Annot"),
+            NameObject("/Subtype"): NameObject("/Link"),
+            NameObject("/Rect"): ArrayObject([FloatObject(v) for v in rect]),
+            NameObject("/Border"): ArrayObject([NumberObject(0), NumberObject(0), NumberObject(0)]),
+            NameObject("/Dest"): ArrayObject([pages[target[0]].indirect_reference, NameObject("/XYZ"),
+                                              FloatObject(target[1]), FloatObject(target[2]), NullObject()]),
+            NameObject("/P"): on.indirect_reference,
+        }))
+        annots = on.get("/Annots")
+        if annots is None:
+            on[NameObject("/Annots")] = ArrayObject([link])
+        else:
+            annots.get_object().append(link)
 
 
 def _stream(writer: PdfWriter, data: bytes) -> IndirectObject:
@@ -302,11 +306,12 @@ def _subdict(d: DictionaryObject, key: str) -> DictionaryObject:
     return value
 
 
-def _bookmarks(writer: PdfWriter, front: dict[str, Any], dest: dict[str, Destination], root: Node) -> None:
+def _bookmarks(writer: PdfWriter, pages: list[PageObject], front: dict[str, Any], dest: dict[str, Destination],
+               root: Node) -> None:
     """Contents, then parts > chapters > sections (a heading that never landed is skipped, its children kept)."""
     toc_page = next((v[0] for k, v in front["anchors"].items() if k.startswith("toc-")), None)
     if toc_page is not None:
-        writer.add_outline_item(title="Contents", page_number=toc_page)
+        writer.add_outline_item(title="Contents", page_number=pages[toc_page])
 
     def add(nodes: list[Node], parent: IndirectObject | None) -> None:
         for n in nodes:
@@ -315,7 +320,7 @@ def _bookmarks(writer: PdfWriter, front: dict[str, Any], dest: dict[str, Destina
                 add(n.children, parent)
                 continue
             item = writer.add_outline_item(
-                title=plain_text(render_inline(n.title)), page_number=d[0], parent=parent,
+                title=plain_text(render_inline(n.title)), page_number=pages[d[0]], parent=parent,
                 fit=Fit.xyz(left=d[1], top=d[2]), is_open=n.level < 3,
             )
             add(n.children, item)

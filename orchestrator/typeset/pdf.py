@@ -1,17 +1,19 @@
-"""The parallel PDF path: chunks laid out in worker processes, then one merge with global page numbers.
+"""The PDF: the front matter and the body's galleys laid out in worker processes, the body paginated and composed
+here, then one merge with global page numbers.
 
-Why this shape (measured on the 2-core machine, see benchmarks/typeset.py): one WeasyPrint pass over a 1,500-page
-book costs ~100 s and >2 GB; the cost is CPU-bound Python, so the way to 30 s is to lay out independent pieces on
-every core. A part's page count does not depend on the number of its first page, so
+Why this shape (measured on the 2-core machine, see benchmarks/typeset.py and benchmarks/pdf_ready.py): one
+WeasyPrint pass over a 1,500-page book costs ~100 s and >2 GB; the cost is CPU-bound Python, so the way to speed
+is to lay out independent pieces on every core, and while the book is still being written. So
 
-1. each part (a chunk) and the front matter (title page and contents) are laid out as separate documents by
-   long-lived worker processes (typeset/worker.py), biggest first, one per core;
-2. each worker reports where every heading landed (page and position) and writes its chunk's PDF;
-3. the parent reads each chunk's PDF as soon as it is written (overlapping the layout of the others), then
-   prints the global page number in every footer and beside every contents entry, links each contents entry to
-   its heading, adds bookmarks, and writes the book (typeset/merge.py).
+1. the front matter (title page and contents) is one document, laid out on the book's pages;
+2. the body is cut into items (typeset/galley.py: a section, a chapter's heading, a part's title page, a running
+   head), each laid out on a galley of its own, in batches, by long-lived worker processes (typeset/worker.py);
+   an item already laid out for exactly this content (typesetting while writing, typeset/background.py) is taken;
+3. the parent cuts the running text into pages (galley.paginate), draws them from the galleys
+   (typeset/compose.py), prints the global page number in every footer and beside every contents entry, links
+   each contents entry to its heading, adds bookmarks, and writes the book (typeset/merge.py).
 
-So neither the contents nor the footers need a second layout pass, and no worker ever holds more than a part.
+So neither the contents nor the footers need a second layout pass, and no worker ever holds more than a batch.
 """
 
 from __future__ import annotations
@@ -25,96 +27,53 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pypdf import PdfWriter
+
+from .compose import Composer
+from .galley import Item, batches, book_items, paginate, templates_digest
 from .html import Node, plain_text, render_inline, render_markdown, toc_entries
 from .merge import Merger
 from .pool import WORKER_COMMAND, TypesetError, _Pool, default_workers, worker_env
 
 __all__ = [
-    "MAX_CHUNK_CHARS", "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "job_key",
-    "plan_chunks", "render_pdf", "worker_env",
+    "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "front_job", "job_key", "render_pdf",
+    "worker_env",
 ]
-
-MAX_CHUNK_CHARS = 600_000  # a part above this (the reference book's are ~400k) is cut between chapters
 
 
 @dataclass(frozen=True)
 class PdfRun:
     pages: int
-    chunks: int
+    chunks: int  # layout documents the PDF's pages come from (the front matter's and the galley batches)
     seconds: float
     worker_peak_rss_mb: list[float]
     chunk_seconds: list[dict[str, float]]
     fragments: dict[str, tuple[str, str]]
     refused: list[str]
     t_written: float = 0.0  # time.monotonic() when book.pdf was on disk
-    # each chunk's layout: (sent, done) in time.monotonic(), its worker's CPU seconds, and whether it was laid out
-    # while the book was still being written (typeset/background.py)
+    # each layout document's: (sent, done) in time.monotonic(), its worker's CPU seconds, and whether it was laid
+    # out while the book was still being written (typeset/background.py)
     layout: list[tuple[float, float, float, bool]] = field(default_factory=list)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Planning
-
-
-def plan_chunks(root: Node, max_chunk_chars: int) -> list[list[Node]]:
-    """Group the book's top-level nodes into chunks, each laid out as its own document (so each starts a page).
-
-    A part is a chunk. A part bigger than ``max_chunk_chars`` is cut between chapters into runs of about equal
-    size (each run then starts on a new page; the part heading leads the first); chapters or sections outside
-    any part are grouped the same way.
-    """
-
-    def split(nodes: list[Node]) -> list[list[Node]]:
-        total = sum(n.size() for n in nodes)
-        target = total / max(1, -(-total // max_chunk_chars))
-        runs: list[list[Node]] = [[]]
-        acc = 0
-        for n in nodes:
-            if runs[-1] and acc + n.size() / 2 > target * len(runs):
-                runs.append([])
-            runs[-1].append(n)
-            acc += n.size()
-        return runs
-
-    chunks: list[list[Node]] = []
-    loose: list[Node] = []
-    for n in root.children:
-        if n.level != 2:
-            loose.append(n)
-            continue
-        if loose:
-            chunks += split(loose)
-            loose = []
-        if n.size() <= max_chunk_chars or len(n.children) < 2:
-            chunks.append([n])
-        else:
-            runs = split(n.children)
-            runs[0].insert(0, Node(n.level, n.title, n.id, n.body, []))
-            chunks += runs
-    if loose:
-        chunks += split(loose)
-    return chunks
-
-
-def _jobs(root: Node, chunks: list[list[Node]], template_dirs: list[str], tmp: Path,
-          want_fragments: bool) -> list[dict[str, Any]]:
-    """The front matter (index 0) and one job per chunk (from 1), each with its cost estimate."""
+def front_job(root: Node, template_dirs: list[str], out: Path) -> dict[str, Any]:
+    """The title page and the contents: one document on the book's own pages (titles only: the outline is enough)."""
     title_html = render_inline(root.title)
-    common = {"template_dirs": template_dirs, "title_html": title_html, "title_text": plain_text(title_html)}
     toc = [{"kind": n.kind, "id": n.id, "title_html": render_inline(n.title)} for n in toc_entries(root)]
-    front = {
-        **common, "kind": "front", "index": 0, "toc": toc, "preface_html": render_markdown(root.body),
-        "out": str(tmp / "front.pdf"), "cost": sum(len(e["title_html"]) for e in toc) * 2 + len(root.body),
+    return {
+        "template_dirs": template_dirs, "title_html": title_html, "title_text": plain_text(title_html),
+        "kind": "front", "index": 0, "toc": toc, "preface_html": render_markdown(root.body), "out": str(out),
+        "cost": sum(len(e["title_html"]) for e in toc) * 2 + len(root.body),
     }
-    bodies = [
-        {
-            **common, "kind": "body", "index": i, "nodes": [n.to_dict() for n in nodes],
-            "out": str(tmp / f"chunk{i:03d}.pdf"), "want_fragments": want_fragments,
-            "cost": sum(n.size() for n in nodes),
-        }
-        for i, nodes in enumerate(chunks, start=1)
-    ]
-    return [front, *bodies]
+
+
+def galley_job(root_title_html: str, template_dirs: list[str], items: list[Item], index: int, out: Path,
+               want_fragments: bool) -> dict[str, Any]:
+    return {
+        "template_dirs": template_dirs, "title_html": root_title_html, "title_text": plain_text(root_title_html),
+        "kind": "galley", "index": index, "items": [it.job() for it in items], "out": str(out),
+        "want_fragments": want_fragments, "cost": sum(it.cost for it in items),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,12 +97,15 @@ def job_key(job: dict[str, Any]) -> bytes:
 @dataclass
 class Prepared:
     """What typesetting while writing (typeset/background.py) hands the final layout: its worker pool (render_pdf
-    owns and closes it from then on), the chunks it laid out (by :func:`job_key`) and those still being laid out
-    (background job index -> key)."""
+    owns and closes it from then on), what it laid out (item key, or the front matter's :func:`job_key`, -> its
+    layout), the documents still being laid out (background job index -> the keys in it), each finished
+    document's (sent, done, cpu), and the composer that has read the galley documents done so far."""
 
     pool: _Pool
-    done: dict[bytes, dict[str, Any]]
-    running: dict[int, bytes]
+    done: dict[str, dict[str, Any]]
+    running: dict[int, list[str]]
+    documents: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    composer: Composer | None = None  # the galley documents done, already read into its writer
 
 
 def render_pdf(
@@ -153,96 +115,150 @@ def render_pdf(
     *,
     workers: int | None = None,
     want_fragments: bool = False,
-    max_chunk_chars: int = MAX_CHUNK_CHARS,
     prepared: Prepared | None = None,
 ) -> PdfRun:
     """Lay out the book in ``workers`` processes and write ``out_pdf``. With ``want_fragments``, the HTML of every
     heading and body comes back too (book.html reuses it instead of rendering the Markdown again). With
-    ``prepared``, a chunk already laid out (or being laid out) for exactly this content is taken, not redone."""
+    ``prepared``, an item (or the front matter) already laid out (or being laid out) for exactly this content is
+    taken, not redone."""
     t0 = time.perf_counter()
     workers = workers or default_workers()
-    chunks = plan_chunks(root, max_chunk_chars)
+    items = book_items(root, templates_digest(template_dirs))
     tmp = Path(tempfile.mkdtemp(prefix="handbook-typeset-"))
-    jobs = _jobs(root, chunks, template_dirs, tmp, want_fragments)
-    merger = Merger()
-    results: dict[int, dict[str, Any]] = {}
-    awaited: dict[int, list[int]] = {}  # a background job still running -> the chunks waiting for it
+    title_html = render_inline(root.title)
+    front = front_job(root, template_dirs, tmp / "front.pdf")
+    front_key = job_key(front).hex()
+    composer = prepared.composer if prepared is not None and prepared.composer is not None else \
+        Composer(PdfWriter(), {})
+    merger = Merger(composer.writer)
+    lay: dict[str, dict[str, Any]] = {}  # item key (or front_key) -> its layout
+    docs: dict[int, tuple[float, float, float, bool]] = {}  # layout document -> sent, done, cpu, prepared
+    awaited: dict[int, list[str]] = {}  # a background document still being laid out -> the keys we need of it
+    wanted = {it.key for it in items} | {front_key}
+    jobs: dict[int, dict[str, Any]] = {}
+
+    def take(key: str, layout: dict[str, Any]) -> None:
+        lay[key] = layout
+        if key == front_key:
+            merger.add(0, layout["out"])
+        else:
+            composer.read(layout["out"])
+
     if prepared is None:
-        pending = jobs
-        pool = _Pool(min(workers, len(pending)))
+        pool = _Pool(min(workers, 1 + len(items)))
     else:
-        pool, pending = prepared.pool, []
-        running = {key: idx for idx, key in prepared.running.items()}
-        for j in jobs:
-            key = job_key(j)
+        pool = prepared.pool
+        for key in wanted:
             if key in prepared.done:
-                results[j["index"]] = {**prepared.done[key], "index": j["index"], "prepared": True}
-                merger.add(j["index"], results[j["index"]]["out"])
-            elif key in running:
-                awaited.setdefault(running[key], []).append(j["index"])
-            else:
-                pending.append(j)
+                take(key, prepared.done[key])
+        for idx, keys in prepared.running.items():
+            ours = [k for k in keys if k in wanted and k not in lay]
+            if ours:
+                awaited[idx] = ours
+        for idx, (sent, done, cpu) in prepared.documents.items():
+            docs[idx] = (sent, done, cpu, True)
+    covered = set(lay) | {k for keys in awaited.values() for k in keys}
+    pending: list[dict[str, Any]] = [] if front_key in covered else [front]
+    todo = list({it.key: it for it in items if it.key not in covered}.values())
+    for n, batch in enumerate(batches(todo, workers), start=1):
+        pending.append(galley_job(title_html, template_dirs, batch, n, tmp / f"galley{n:04d}.pdf", want_fragments))
+    jobs.update({j["index"]: j for j in pending})
+    if prepared is not None:
         for w in pool.workers:  # a worker that died while writing, or lays out what nobody needs now: replaced
             if w.proc.poll() is not None or (w.job is not None and w.job not in awaited):
                 pool.retire(w)
         short = min(workers, len(pending) + len(awaited)) - len(pool.current())
         if short > 0:
             pool.add(short)  # at full priority: the writing is over
-    pending = sorted(pending, key=lambda j: j["cost"], reverse=True)  # biggest first
-    by_index = {j["index"]: j for j in jobs}
+    next_index = len(pending) + 1
+
+    def requeue(keys: list[str]) -> None:
+        nonlocal next_index
+        by_key = {it.key: it for it in items}
+        if front_key in keys:
+            pending.append(front)
+            jobs[0] = front
+        rest = [by_key[k] for k in keys if k in by_key]
+        if rest:
+            j = galley_job(title_html, template_dirs, rest, next_index, tmp / f"galley{next_index:04d}.pdf",
+                           want_fragments)
+            pending.append(j)
+            jobs[next_index] = j
+            next_index += 1
+
     try:
-        while pending or awaited or any(w.job in by_index for w in pool.workers):
+        while pending or awaited or any(w.job in jobs for w in pool.workers):
             for w in pool.idle():
                 if pending:
                     pool.send(w, pending.pop(0))
             if pending and not pool.current():
                 raise TypesetError("every layout worker exited before the book was laid out")
             for kind, idx, payload in pool.messages():
-                if idx in awaited:  # a chunk laid out while writing, for this very content
-                    mine = awaited.pop(idx)
-                    if kind == "error":  # it is laid out again here, and a second failure is the book's
-                        pending += [by_index[i] for i in mine]
-                        continue
-                    for i in mine:
-                        results[i] = {**payload, "index": i, "prepared": True}
-                        merger.add(i, payload["out"])
-                    continue
-                if idx not in by_index:  # laid out while writing for content that changed since: not used
+                mine: list[str] | None = awaited.pop(idx) if idx in awaited else None
+                if mine is None and idx not in jobs:  # laid out while writing for content that changed since
                     continue
                 if kind == "error":
-                    raise TypesetError(f"typesetting chunk {idx} failed: {payload.strip().splitlines()[0]}")
-                if kind == "done":
-                    results[idx] = payload
-                    for w in pool.idle():  # keep the workers busy first, then read the finished chunk
-                        if pending:
-                            pool.send(w, pending.pop(0))
-                    merger.add(idx, payload["out"])
-        bodies = [results[j["index"]] for j in jobs[1:]]
+                    if mine is not None:  # laid out again here, and a second failure is the book's
+                        requeue(mine)
+                        continue
+                    raise TypesetError(f"typesetting {'the front matter' if idx == 0 else f'batch {idx}'} failed: "
+                                       f"{payload.strip().splitlines()[0]}")
+                if kind != "done":
+                    continue
+                docs[idx] = (payload.get("t_sent", 0.0), payload.get("t_done", 0.0), payload["seconds"]["cpu"],
+                             mine is not None)
+                for w in pool.idle():  # keep the workers busy first, then read the finished document
+                    if pending:
+                        pool.send(w, pending.pop(0))
+                if payload["kind"] == "front":
+                    take(front_key, {**payload, "job": idx})
+                else:
+                    for key, layout in payload["items"].items():
+                        if key in wanted:
+                            take(key, {**layout, "job": idx, "geometry": payload["geometry"],
+                                       "refused": payload["refused"]})
+        missing_items = [it for it in items if it.key not in lay]
+        if missing_items or front_key not in lay:
+            raise TypesetError(f"{len(missing_items)} pieces of the book were never laid out")
+        geometry = next((lay[it.key]["geometry"] for it in items), lay[front_key].get("geometry"))
+        if geometry is None:  # a book with no body: the front matter's pages are the book's
+            geometry = {"width": lay[front_key]["size_px"][0], "height": lay[front_key]["size_px"][1],
+                        "content_x": 0.0, "content_y": 0.0, "content_w": 0.0, "content_h": 0.0}
+        composer.g = geometry
+        composer.runs = {(lay[it.key]["out"], g): r for it in items for g, r in lay[it.key].get("runs", {}).items()}
+        seq = [(it, lay[it.key]) for it in items]
+        pages, where = paginate(seq, geometry["content_h"], (geometry["content_x"], geometry["content_y"]))
         # WeasyPrint has been seen to stop silently mid-flow on very long documents: every heading must have landed.
-        placed = set().union(*(b["anchors"] for b in bodies))
-        missing = [n.id for n in root.walk() if n.level > 1 and n.id not in placed]
+        missing = [n.id for n in root.walk() if n.level > 1 and n.id not in where]
         if missing:
             raise TypesetError(f"{len(missing)} headings are missing from the laid-out PDF (first: {missing[0]})")
-        reported = sum(r["pages"] for r in results.values())
-        if merger.pages != reported:
-            raise TypesetError(f"the merged PDF has {merger.pages} pages where the chunks had {reported}")
-        pages = merger.finish(results[0], bodies, out_pdf, root, plain_text(render_inline(root.title)))
+        heads = {}
+        for it, layout in seq:
+            if it.kind == "head" and layout["units"]:
+                u0, u1 = layout["units"][0], layout["units"][-1]
+                heads[it.id] = (layout["out"], u0[0], u0[1], u1[2])
+        front_pages = merger.pages
+        dest = composer.add_pages(pages, heads, where, front_pages)
+        pages_total = merger.finish(lay[front_key], dest, out_pdf, root, plain_text(title_html))
+        if pages_total != front_pages + len(pages):
+            raise TypesetError(f"the merged PDF has {pages_total} pages where the layout made "
+                               f"{front_pages + len(pages)}")
         t_written = time.monotonic()
     finally:
-        pool.close(kill=True)  # only a worker still busy (a chunk nobody needs, or a failure) is killed
+        pool.close(kill=True)  # only a worker still busy (a document nobody needs, or a failure) is killed
         shutil.rmtree(tmp, ignore_errors=True)
+    used = {lay[front_key]["job"]} | {lay[it.key]["job"] for it in items}
     fragments: dict[str, tuple[str, str]] = {}
-    for b in results.values():
-        fragments.update(b.get("fragments") or {})
+    for it in items:
+        fragments.update(lay[it.key].get("fragments") or {})
     return PdfRun(
-        pages=pages,
-        chunks=len(chunks),
+        pages=pages_total,
+        chunks=len(used),
         seconds=time.perf_counter() - t0,
         worker_peak_rss_mb=list(pool.peak_rss.values()),
-        chunk_seconds=[{"index": r["index"], "pages": r["pages"], **r["seconds"]} for r in results.values()],
-        layout=[(r.get("t_sent", 0.0), r.get("t_done", 0.0), r["seconds"]["cpu"], bool(r.get("prepared")))
-                for r in results.values()],
+        chunk_seconds=[{"index": i, "cpu": docs[i][2]} for i in sorted(used) if i in docs],
+        layout=[docs[i] for i in sorted(used) if i in docs],
         fragments=fragments,
-        refused=[u for r in results.values() for u in r["refused"]],
+        refused=list(dict.fromkeys(u for layout in lay.values() for u in layout.get("refused", ()))),
         t_written=t_written,
     )

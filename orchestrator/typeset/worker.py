@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from array import array
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote
@@ -23,8 +24,17 @@ from markupsafe import Markup
 from weasyprint import HTML
 from weasyprint.urls import URLFetcher, URLFetcherResponse
 
-from .compat import anchor_boxes, cap_pdf_compression, toc_lines
-from .html import Node, document_html, render_nodes
+from .compat import (
+    anchor_boxes,
+    cap_pdf_compression,
+    galley_units,
+    page_contents,
+    page_geometry,
+    text_runs,
+    toc_lines,
+)
+from .galley import GALLEY_HEIGHT_PX
+from .html import KIND, Node, document_html, read_css, render_inline, render_markdown, render_nodes
 from .ipc import NICE_ENV, frame, read_frame
 
 # pydyf (WeasyPrint's PDF writer) deflates every stream at zlib level 9. Measured on a 171-page part's content
@@ -116,6 +126,103 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_GEOMETRY: dict[tuple[str, ...], dict[str, float]] = {}
+
+
+def page_box(dirs: list[str]) -> dict[str, float]:
+    """The book's page and its text box (CSS px), as the templates' @page rule makes them: laid out once per
+    worker and set of templates."""
+    key = (*dirs, read_css(dirs))
+    if key not in _GEOMETRY:
+        html = document_html(dirs, mode="pdf", front=False, title_html=Markup(""), title_text="", toc=[],
+                             preface_html=Markup(""), nodes=[])
+        _GEOMETRY[key] = page_geometry(HTML(string=html, base_url=ASSET_BASE, url_fetcher=AssetFetcher(dirs)).render())
+    return _GEOMETRY[key]
+
+
+def galley_css(geometry: dict[str, float]) -> str:
+    """Each galley item on a page of its own, as wide as the book's text box and tall enough for a long section;
+    its padding keeps its first and last margins inside it (they become the space between items)."""
+    boxes = " ".join(f"@{v}-{h} {{ content: none; }}" for v in ("top", "bottom") for h in ("left", "center", "right"))
+    return (f"@page hb-galley {{ size: {geometry['content_w']:.4f}px {GALLEY_HEIGHT_PX:.0f}px; margin: 0; {boxes} }}\n"
+            ".hb-galley { page: hb-galley; break-before: page; break-after: page; margin: 0; padding: 0.01px 0; }\n")
+
+
+def _flat(runs: list[tuple[int, int, float]] | None) -> array | None:
+    """(start, end, y) runs as one flat array of doubles: a section has hundreds, and the parent keeps them all
+    until the end of the job."""
+    return None if runs is None else array("d", (v for run in runs for v in run))
+
+
+def layout_galley(job: dict[str, Any]) -> dict[str, Any]:
+    """Lay out a batch of galley items (typeset/galley.py) in one document, write its PDF, and report each item's
+    galley pages, its units (lines and table rows) and its heading's place."""
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    dirs = job["template_dirs"]
+    geometry = page_box(dirs)
+    items = job["items"]
+    blocks: list[str] = []
+    fragments: dict[str, tuple[str, str]] = {}
+    for n, it in enumerate(items):
+        title_html = render_inline(it["title"]) if it["title"] else ""
+        if it["kind"] == "page":
+            blocks.append(f'<div id="hb-g{n}"><h2 class="part" id="{it["id"]}">{title_html}</h2></div>')
+        elif it["kind"] == "head":
+            blocks.append(f'<div class="hb-galley" id="hb-g{n}"><div class="running-head">{title_html}</div></div>')
+        else:
+            body_html = render_markdown(it["body"])
+            lvl = it["level"]
+            heading = (f'<h{lvl} class="{KIND[lvl]}" id="{it["id"]}">{title_html}</h{lvl}>\n'
+                       if it["heading"] else "")
+            blocks.append(f'<div class="hb-galley" id="hb-g{n}">{heading}{body_html}</div>')
+            if it["heading"] and job.get("want_fragments"):
+                fragments[it["id"]] = (title_html, body_html)
+    css = Markup(read_css(dirs) + "\n" + galley_css(geometry))
+    html = document_html(dirs, mode="pdf", front=False, title_html=Markup(job["title_html"]),
+                         title_text=job["title_text"], toc=[], preface_html=Markup(""), nodes=[], css=css)
+    html = html.replace("</body>", "\n".join(blocks) + "\n</body>", 1)
+    t_html = time.perf_counter()
+    fetcher = AssetFetcher(dirs)
+    doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=fetcher).render()
+    del html
+    t_layout = time.perf_counter()
+    anchors = anchor_boxes(doc)
+    starts = [anchors[f"hb-g{n}"][0] for n in range(len(items))]
+    ends = [*starts[1:], len(doc.pages)]
+    out_items: dict[str, dict[str, Any]] = {}
+    for n, it in enumerate(items):
+        own = list(range(starts[n], max(ends[n], starts[n] + 1)))
+        units = [(g, top, bottom, flags) for g in own for top, bottom, flags in galley_units(doc.pages[g])]
+        box = anchors[f"hb-g{n}"]
+        lead = units[0][1] - box[2] if units else 0.0
+        trail = box[4] - units[-1][2] if units and len(own) == 1 else 0.0
+        out_items[it["key"]] = {
+            "out": job["out"], "pages": own, "units": units, "lead": max(0.0, lead), "trail": max(0.0, trail),
+            "anchors": {it["id"]: anchors[it["id"]]} if it["heading"] and it["id"] in anchors else {},
+            "fragments": {it["id"]: fragments[it["id"]]} if it["id"] in fragments else {},
+        }
+    contents: list[bytes] = []
+    doc.write_pdf(job["out"], finisher=lambda _doc, pdf: contents.extend(page_contents(pdf)))
+    for lay in out_items.values():  # where each galley page shows text (the composer drops what a page clips off)
+        lay["runs"] = {g: _flat(text_runs(contents[g])) for g in lay["pages"]}
+    t_end = time.perf_counter()
+    return {
+        "index": job["index"],
+        "kind": "galley",
+        "out": job["out"],
+        "pages": len(doc.pages),
+        "size_px": (geometry["width"], geometry["height"]),
+        "geometry": geometry,
+        "items": out_items,
+        "refused": fetcher.refused,
+        "seconds": {"html": t_html - t0, "layout": t_layout - t_html, "pdf": t_end - t_layout,
+                    "total": t_end - t0, "cpu": time.process_time() - c0},
+        "peak_rss_mb": _peak_rss_mb(),
+        "pid": os.getpid(),
+    }
+
+
 def _send(out: IO[bytes], msg: tuple[str, int, Any]) -> None:
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     out.write(frame(data))
@@ -141,7 +248,7 @@ def main() -> None:
     while (body := read_frame(stdin)) is not None:
         job = pickle.loads(body)
         try:
-            result = layout_chunk(job)
+            result = layout_galley(job) if job["kind"] == "galley" else layout_chunk(job)
             _send(stdout, ("done", job["index"], result))
         except Exception as e:
             _send(stdout, ("error", job["index"], f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

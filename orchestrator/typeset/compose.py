@@ -1,0 +1,162 @@
+"""The body's pages, drawn from galley slices (typeset/galley.py): no layout happens here.
+
+Each slice of a galley page becomes a PDF form XObject: the galley page's content stream without the text that
+lies outside the slice (so that what is clipped out of sight is not in the page's text either), its fonts and
+images copied once per galley document. A page of running text draws each slice's XObject moved into place and
+clipped to the slice's lines; a part's title page draws its whole
+galley page; the chapter's running head is its own small galley item, centred in the top margin. The merge then
+numbers the pages, the contents and the bookmarks (typeset/merge.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pypdf import PageObject, PdfReader, PdfWriter
+from pypdf.generic import (
+    ArrayObject,
+    DecodedStreamObject,
+    DictionaryObject,
+    EncodedStreamObject,
+    FloatObject,
+    IndirectObject,
+    NameObject,
+    StreamObject,
+)
+
+from .compat import add_object
+from .galley import OutPage
+from .merge import PX_TO_PT, Destination
+
+__all__ = ["Composer"]
+
+ZLIB_LEVEL = 1  # a cut slice's stream: compressed in the reader's wait (level 6 takes ~3x the CPU for ~10% fewer bytes)
+
+
+class Composer:
+    """Appends the body's pages to ``writer``; ``geometry``: the book's page and text box (CSS px); ``runs``: for
+    each galley page (pdf, page), where its content stream shows text (compat.text_runs flattened: start, end, y,
+    start, ...; None: unknown)."""
+
+    def __init__(self, writer: PdfWriter, geometry: dict[str, float],
+                 runs: dict[tuple[str, int], Sequence[float] | None] | None = None):
+        self.writer = writer
+        self.g = geometry
+        self.runs = runs if runs is not None else {}
+        self._readers: dict[str, list[PageObject]] = {}
+        self._pages: dict[tuple[str, int], tuple[Any, ArrayObject, float, Any]] = {}
+        self._forms: dict[tuple[str, int], tuple[IndirectObject, float]] = {}  # whole galley pages, as laid out
+
+    def read(self, pdf: str, pages: int = 0) -> None:
+        """Open a galley document ahead of time (while the book is still being written, or other documents are
+        still being laid out), and copy the resources of its first ``pages`` pages into the writer."""
+        if pdf not in self._readers:
+            self._readers[pdf] = list(PdfReader(pdf).pages)  # pypdf counts the page tree again on every index
+        for page in range(min(pages, len(self._readers[pdf]))):
+            self._page(pdf, page)
+
+    def _page(self, pdf: str, page: int) -> tuple[Any, ArrayObject, float, Any]:
+        """A galley page's resources (copied into this writer once), box, height in pt and content stream."""
+        key = (pdf, page)
+        if key not in self._pages:
+            self.read(pdf)
+            src = self._readers[pdf][page]
+            box = src.mediabox
+            res = src.get("/Resources")
+            if res is None:
+                res_ref: Any = DictionaryObject()
+            elif isinstance(res, IndirectObject):
+                res_ref = res.clone(self.writer)  # shared by every page of its document: copied once
+            else:
+                res_ref = add_object(self.writer, res.clone(self.writer))
+            contents = src.get("/Contents")
+            stream = contents.get_object() if contents is not None else None
+            if not isinstance(stream, StreamObject):  # none, or several: decoded and joined
+                stream = DecodedStreamObject()
+                joined = src.get_contents()
+                stream.set_data(joined.get_data() if joined is not None else b"")
+            bbox = ArrayObject([FloatObject(float(v)) for v in (box.left, box.bottom, box.right, box.top)])
+            self._pages[key] = (res_ref, bbox, float(box.top), stream)
+        return self._pages[key]
+
+    def _form(self, pdf: str, page: int, top: float | None = None, bottom: float | None = None,
+              ) -> tuple[IndirectObject, float]:
+        """Galley page ``page`` of ``pdf`` as a form XObject of this writer, showing only the text whose baseline
+        lies within ``top``..``bottom`` (px; None: all of it), and its height in pt."""
+        res, bbox, h_pt, stream = self._page(pdf, page)
+        runs = self.runs.get((pdf, page))
+        drop = [] if runs is None or top is None or bottom is None else [
+            i for i in range(0, len(runs), 3) if not top - 0.5 <= runs[i + 2] <= bottom + 0.5]
+        if not drop:  # all of its text shows: the page as laid out, once (a running head serves a whole chapter)
+            if (pdf, page) in self._forms:
+                return self._forms[(pdf, page)]
+            encoded: StreamObject = EncodedStreamObject() if isinstance(stream, EncodedStreamObject) else \
+                DecodedStreamObject()
+            encoded._data = stream._data
+            for k in ("/Filter", "/DecodeParms"):
+                if k in stream:
+                    encoded[NameObject(k)] = stream[k]
+        else:
+            data = stream.get_data()
+            pieces, pos = [], 0
+            for i in drop:
+                pieces.append(data[pos:int(runs[i])])  # type: ignore[index]
+                pos = int(runs[i + 1])  # type: ignore[index]
+            pieces.append(data[pos:])
+            form = DecodedStreamObject()
+            form.set_data(b"".join(pieces))
+            encoded = form.flate_encode(level=ZLIB_LEVEL)
+        encoded[NameObject("/Type")] = NameObject("/XObject")
+        encoded[NameObject("/Subtype")] = NameObject("/Form")
+        encoded[NameObject("/BBox")] = bbox
+        encoded[NameObject("/Resources")] = res
+        ref = add_object(self.writer, encoded)
+        if not drop:
+            self._forms[(pdf, page)] = (ref, h_pt)
+        return ref, h_pt
+
+    def add_pages(self, pages: list[OutPage], heads: dict[str, tuple[str, int, float, float]],
+                  dest: dict[str, tuple[int, float, float]], first: int) -> dict[str, Destination]:
+        """Append ``pages`` (the body; the book's page ``first`` is the first of them) and return where each
+        anchor of ``dest`` (page, x, y in the text box, CSS px) is, in the book (page index, pt from the page's
+        bottom-left). ``heads``: each chapter's running head as a galley slice (pdf, page, top, bottom)."""
+        g = self.g
+        width_pt, height_pt = g["width"] * PX_TO_PT, g["height"] * PX_TO_PT
+        x0 = g["content_x"] * PX_TO_PT
+        text_top = (g["height"] - g["content_y"]) * PX_TO_PT  # the text box's top edge, pt from the bottom
+        for p in pages:
+            ops: list[str] = []
+            xobjects: dict[Any, Any] = {}
+            if p.whole is not None:
+                ref, _ = self._form(*p.whole)
+                xobjects[NameObject("/G0")] = ref
+                ops.append("q /G0 Do Q")
+            for s in p.slices:
+                self._place(ops, xobjects, s.pdf, s.page, s.top, s.bottom, text_top - s.dest_top * PX_TO_PT, x0)
+            if p.head is not None and p.head in heads:
+                pdf, page, top, bottom = heads[p.head]
+                mid = (g["height"] - g["content_y"] / 2) * PX_TO_PT  # the middle of the top margin
+                self._place(ops, xobjects, pdf, page, top, bottom, mid + (bottom - top) * PX_TO_PT / 2, x0)
+            out = self.writer.add_blank_page(width_pt, height_pt)
+            content = DecodedStreamObject()
+            content.set_data("\n".join(ops).encode("ascii"))
+            out[NameObject("/Contents")] = add_object(self.writer, content)
+            out[NameObject("/Resources")] = DictionaryObject({NameObject("/XObject"): DictionaryObject(xobjects)})
+        where: dict[str, Destination] = {}
+        for name, (page, x, y) in dest.items():
+            where[name] = (first + page, (g["content_x"] + x) * PX_TO_PT,
+                           (g["height"] - g["content_y"] - y) * PX_TO_PT)
+        return where
+
+    def _place(self, ops: list[str], xobjects: dict[Any, Any], pdf: str, page: int, top: float, bottom: float,
+               dest_top_pt: float, x: float) -> None:
+        """Draw lines ``top``..``bottom`` (px) of a galley page with their top at ``dest_top_pt`` (pt from the
+        page's bottom) and their left edge at ``x`` pt, clipped to them."""
+        ref, h_pt = self._form(pdf, page, top, bottom)
+        name = f"/G{len(xobjects)}"
+        xobjects[NameObject(name)] = ref
+        h = (bottom - top) * PX_TO_PT
+        ty = dest_top_pt - (h_pt - top * PX_TO_PT)
+        width = self.g["width"] * PX_TO_PT
+        ops.append(f"q 0 {dest_top_pt - h:.3f} {width:.3f} {h:.3f} re W n 1 0 0 1 {x:.3f} {ty:.3f} cm {name} Do Q")
