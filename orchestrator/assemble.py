@@ -58,6 +58,14 @@ class SectionText:
         (A cached_property sets the instance's ``__dict__`` directly, which a frozen dataclass allows.)"""
         return _section_body(self)
 
+    @cached_property
+    def loop(self) -> str | None:
+        """:func:`orchestrator.repair.loop_reason` of ``text``, computed once (the Writer seeds it from the check
+        each answer passes as it lands, so that counting the defects after the last section does not redo it)."""
+        from .repair import loop_reason
+
+        return loop_reason(self.text)
+
 
 @dataclass(frozen=True)
 class Book:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .assemble import Book, SectionText, count_words, section_body
-from .repair import loop_reason, norm_title
+from .repair import norm_title
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -165,8 +165,7 @@ def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
 
 def _looping(written: list[SectionText]) -> dict[str, Any]:
     """The final answers still looping; repaired ones (their first answer looped) that no longer do."""
-    looping = [{"path": s.path, "title": s.title, "reason": why} for s in written
-               if (why := loop_reason(s.text)) is not None]
+    looping = [{"path": s.path, "title": s.title, "reason": why} for s in written if (why := s.loop) is not None]
     still = {it["path"] for it in looping}
     return {
         "count": len(looping),

@@ -204,6 +204,8 @@ class Writer:
             # The text as book.md prints it, made now while other sections are still being written: assembling
             # the book after the last one then only joins texts (~0.7 ms a section off the critical path).
             _ = self.sections[ref.path].body
+            if r is outcome.reply and "loop" in (outcome.value or {}):  # the check looked at this very text
+                self.sections[ref.path].__dict__["loop"] = outcome.value["loop"]  # type: ignore[index]
         if self.on_section is not None:
             self.on_section(self.sections[ref.path])
         if outcome.attempts:
@@ -282,7 +284,8 @@ class SectionCheck:
       stopping) is empty: asked again like an empty answer.
     * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
       anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
-      too, and defects.json reports it. The value is ``{"repaired_from": why}`` (journaled with the section)."""
+      too, and defects.json reports it. The value is ``{"repaired_from": why, "loop": why the accepted text still
+      loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it)."""
 
     def __init__(self, title: str):
         self.want = norm_title(title)
@@ -297,7 +300,8 @@ class SectionCheck:
             if why:
                 self.loop = why
                 raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
-        return {"repaired_from": self.loop}
+            return {"repaired_from": None, "loop": None}
+        return {"repaired_from": self.loop, "loop": loop_reason(reply.text)}
 
 
 def _order_base(chapter_path: str, settings: Settings) -> int:
