@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -57,6 +58,14 @@ class SectionText:
         the book after the last section (on the job's critical path) and counting its defects only join texts.
         (A cached_property sets the instance's ``__dict__`` directly, which a frozen dataclass allows.)"""
         return _section_body(self)
+
+    @cached_property
+    def shingles(self) -> array[int]:
+        """:func:`orchestrator.textscan.shingles` of ``text`` (the defect report's near-duplicate search), computed
+        once: the Writer asks for it as the section lands."""
+        from .textscan import shingles
+
+        return shingles(self.text)
 
     @cached_property
     def loop(self) -> str | None:

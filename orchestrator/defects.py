@@ -207,7 +207,7 @@ def _code(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
 
 
 def _near_duplicates(written: list[SectionText]) -> dict[str, Any]:
-    pairs = near_duplicates([s.text for s in written])
+    pairs = near_duplicates([s.text for s in written], [s.shingles for s in written])
     return {
         "count": len(pairs),
         "threshold": {"shingle_words": SHINGLE, "jaccard": NEAR_DUPLICATE_JACCARD,

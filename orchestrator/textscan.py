@@ -125,7 +125,7 @@ def python_ok(code: str) -> bool:
     return True
 
 
-def _shingles(text: str) -> array[int]:
+def shingles(text: str) -> array[int]:
     """The distinct 5-word shingle hashes of one text, sorted, in an array: 8 bytes a shingle where a set of ints
     costs about 60, which is what a book of thousands of sections holds at once."""
     words = _WORD.findall(text.lower())
@@ -134,8 +134,9 @@ def _shingles(text: str) -> array[int]:
     return array("q", sorted({hash(tuple(words[i : i + SHINGLE])) for i in range(len(words) - SHINGLE + 1)}))
 
 
-def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
-    """(i, j, jaccard, containment) for every near-duplicate pair, most similar first.
+def near_duplicates(texts: list[str], sets: list[array[int]] | None = None) -> list[tuple[int, int, float, float]]:
+    """(i, j, jaccard, containment) for every near-duplicate pair, most similar first. ``sets``: each text's
+    :func:`shingles`, when already known (a section's are made as it lands: SectionText.shingles).
 
     Candidates come from an inverted index over a 1-in-``SAMPLE`` sample of the shingles (chosen by hash value,
     so two texts keep the same ones); every candidate is then checked exactly on the full shingle sets. A pair at
@@ -145,7 +146,7 @@ def near_duplicates(texts: list[str]) -> list[tuple[int, int, float, float]]:
     every pair sharing a sampled shingle grows with the square of the sections: 400 MB at 6,144), and identical
     texts are grouped by a digest of their shingles rather than by a copy of them.
     """
-    sets = [_shingles(t) for t in texts]
+    sets = [shingles(t) for t in texts] if sets is None else sets
     n = len(sets)
     max_df = max(50, n // 10)
     index: dict[int, list[int]] = defaultdict(list)

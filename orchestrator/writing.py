@@ -201,9 +201,10 @@ class Writer:
         )
         if r.ok:
             self.bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
-            # The text as book.md prints it, made now while other sections are still being written: assembling
-            # the book after the last one then only joins texts (~0.7 ms a section off the critical path).
-            _ = self.sections[ref.path].body
+            # The text as book.md prints it and its shingles, made now while other sections are still being
+            # written: assembling the book and counting its defects after the last one (which the PDF waits for)
+            # then only join texts and compare shingles (~1 ms a section off the critical path).
+            _ = self.sections[ref.path].body, self.sections[ref.path].shingles
             if r is outcome.reply and "loop" in (outcome.value or {}):  # the check looked at this very text
                 self.sections[ref.path].__dict__["loop"] = outcome.value["loop"]  # type: ignore[index]
         if self.on_section is not None:

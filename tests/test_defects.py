@@ -229,7 +229,7 @@ def test_printed_measure_follows_book_md():
 def test_near_duplicates_agree_with_every_pair_measured():
     """The sampled candidates lose no pair that measuring every pair exactly finds (edited copies, halves, exact
     copies, strangers), and the figures are the exact ones."""
-    from orchestrator.textscan import NEAR_DUPLICATE_CONTAINMENT, NEAR_DUPLICATE_JACCARD, _shingles
+    from orchestrator.textscan import NEAR_DUPLICATE_CONTAINMENT, NEAR_DUPLICATE_JACCARD, shingles
 
     base = [prose(i, 200) for i in range(40)]
     texts = list(base)
@@ -238,7 +238,7 @@ def test_near_duplicates_agree_with_every_pair_measured():
         texts.append(" ".join(words[: len(words) // 2] + ["changed"] * 3 + words[len(words) // 2 + 3:]))  # an edit
         texts.append(" ".join(words[: 2 * len(words) // 3]))  # two thirds of it
     texts.append(base[7])  # an exact copy
-    sets = [set(_shingles(t)) for t in texts]
+    sets = [set(shingles(t)) for t in texts]
     want = []
     for i in range(len(texts)):
         for j in range(i + 1, len(texts)):

@@ -245,7 +245,7 @@ class BackgroundTypesetter:
             return
         for key, layout in result["items"].items():
             self.done[key] = {**layout, "job": idx, "geometry": result["geometry"], "refused": result["refused"]}
-        self.composer.read(result["out"], result["pages"])
+        self.composer.read(result["out"], range(result["pages"]))
 
 
 def layout_split(layout: list[tuple[float, float, float, bool]], t_write_end: float | None,

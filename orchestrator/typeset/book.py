@@ -9,8 +9,9 @@ the running head, parts on a page of their own, and highlighted code that wraps 
 Model output is untrusted: raw HTML in it shows as text, images are shown as their alt text and never fetched,
 and WeasyPrint's URL fetcher serves only our own template assets and refuses everything else.
 
-How it is fast: see typeset/pdf.py (parts laid out in parallel processes) and typeset/merge.py (one merge with
-global page numbers), and benchmarks/typeset.py (the measurements). ``handbook typeset BOOK.md`` is the command
+How it is fast: see typeset/pdf.py (the body laid out in galleys by parallel processes, paginated and composed in
+the parent: typeset/galley.py, typeset/compose.py) and typeset/merge.py (one merge with global page numbers), and
+benchmarks/typeset.py and benchmarks/pdf_ready.py (the measurements). ``handbook typeset BOOK.md`` is the command
 line (orchestrator/cli/typeset.py).
 """
 
@@ -57,7 +58,7 @@ class TypesetInfo:
     workers: int = 0
     chunks: int = 0
     worker_peak_rss_mb: float | None = None  # the largest peak RSS of any one layout process
-    layout: tuple[tuple[float, float, float, bool], ...] = ()  # per chunk: see PdfRun.layout
+    layout: tuple[tuple[float, float, float, bool], ...] = ()  # per layout document: see PdfRun.layout
     pdf_written_at: float | None = None  # time.monotonic() when book.pdf was on disk (before book.html is written)
 
 
@@ -110,7 +111,7 @@ def typeset_to(
     default_title: str = "Handbook",
     prepared: Prepared | None = None,
 ) -> TypesetInfo:
-    """Like :func:`typeset` with explicit output paths (either may be None). ``prepared``: chunks laid out while
+    """Like :func:`typeset` with explicit output paths (either may be None). ``prepared``: items laid out while
     the book was being written (typeset/background.py); render_pdf takes those whose content is unchanged."""
     t0 = time.perf_counter()
     dirs = _template_dirs(templates)

@@ -10,7 +10,7 @@ numbers the pages, the contents and the bookmarks (typeset/merge.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pypdf import PageObject, PdfReader, PdfWriter
@@ -48,12 +48,12 @@ class Composer:
         self._pages: dict[tuple[str, int], tuple[Any, ArrayObject, float, Any]] = {}
         self._forms: dict[tuple[str, int], tuple[IndirectObject, float]] = {}  # whole galley pages, as laid out
 
-    def read(self, pdf: str, pages: int = 0) -> None:
+    def read(self, pdf: str, pages: Iterable[int] = ()) -> None:
         """Open a galley document ahead of time (while the book is still being written, or other documents are
-        still being laid out), and copy the resources of its first ``pages`` pages into the writer."""
+        still being laid out), and copy the resources of these of its pages into the writer."""
         if pdf not in self._readers:
             self._readers[pdf] = list(PdfReader(pdf).pages)  # pypdf counts the page tree again on every index
-        for page in range(min(pages, len(self._readers[pdf]))):
+        for page in pages:
             self._page(pdf, page)
 
     def _page(self, pdf: str, page: int) -> tuple[Any, ArrayObject, float, Any]:

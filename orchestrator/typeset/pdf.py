@@ -142,7 +142,7 @@ def render_pdf(
         if key == front_key:
             merger.add(0, layout["out"])
         else:
-            composer.read(layout["out"])
+            composer.read(layout["out"], layout["pages"])  # while the workers lay out the rest
 
     if prepared is None:
         pool = _Pool(min(workers, 1 + len(items)))
