@@ -237,6 +237,11 @@ def test_near_duplicates_agree_with_every_pair_measured():
         words = base[k].split()
         texts.append(" ".join(words[: len(words) // 2] + ["changed"] * 3 + words[len(words) // 2 + 3:]))  # an edit
         texts.append(" ".join(words[: 2 * len(words) // 3]))  # two thirds of it
+    for k in range(1, 40, 6):  # near the thresholds (Jaccard 0.66, ~0.53, 0.50): the end written anew
+        words, other = base[k].split(), base[k + 1].split()
+        for keep in (0.8, 0.7, 0.67):
+            cut = int(len(words) * keep)
+            texts.append(" ".join(words[:cut] + other[cut:]))
     texts.append(base[7])  # an exact copy
     sets = [set(shingles(t)) for t in texts]
     want = []

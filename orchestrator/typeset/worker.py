@@ -181,7 +181,8 @@ def layout_galley(job: dict[str, Any]) -> dict[str, Any]:
     css = Markup(read_css(dirs) + "\n" + galley_css(geometry))
     html = document_html(dirs, mode="pdf", front=False, title_html=Markup(job["title_html"]),
                          title_text=job["title_text"], toc=[], preface_html=Markup(""), nodes=[], css=css)
-    html = html.replace("</body>", "\n".join(blocks) + "\n</body>", 1)
+    body = "\n".join(blocks) + "\n"
+    html = html.replace("</body>", body + "</body>", 1) if "</body>" in html else html + body  # a template may omit it
     t_html = time.perf_counter()
     fetcher = AssetFetcher(dirs)
     doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=fetcher).render()
