@@ -156,13 +156,15 @@ def near_duplicates(texts: list[str], sets: list[array[int]] | None = None) -> l
     n = len(sets)
     max_df = max(50, n // 10)
     index: dict[int, list[int]] = defaultdict(list)
-    sampled = [0] * n
     for i, s in enumerate(sets):
         if len(s) >= MIN_SHINGLES:
             for h in s:
                 if h % SAMPLE == 0:
                     index[h].append(i)  # ascending i: each list is sorted
-                    sampled[i] += 1
+    # each text's sampled shingles that can be counted as shared (those in too many texts are not): a ratio at
+    # most 1 only grows when the same number leaves its numerator and its denominator
+    sampled = [sum(1 for h in s if h % SAMPLE == 0 and 2 <= len(index[h]) <= max_df)
+               if len(s) >= MIN_SHINGLES else 0 for s in sets]
     found: dict[tuple[int, int], tuple[float, float]] = {}
     for i, s in enumerate(sets):
         if len(s) < MIN_SHINGLES:

@@ -232,6 +232,7 @@ class Writer:
         joiner = "" if first.text.endswith((" ", "\n")) or out.reply.text.startswith((" ", "\n")) else " "
         done = replace(first, text=first.text + joiner + out.reply.text.strip(),
                        completion_tokens=first.completion_tokens + out.reply.completion_tokens)
+        value = {k: v for k, v in value.items() if k != "loop"}  # the check saw the first text, not this one
         self.journal.record(ref.path, "section", ref.title, done, out.attempts + first.attempt, value)
         return done
 

@@ -257,3 +257,23 @@ def test_near_duplicates_agree_with_every_pair_measured():
     want.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
     assert len(want) >= 21  # the test means something: every edit, every part and the copy pair up
     assert near_duplicates(texts) == want
+
+
+def test_near_duplicates_beside_boilerplate_every_text_shares():
+    """Shingles in too many texts are not counted as shared: the candidates' share is of the rest, so a pair that
+    is a near-duplicate beside boilerplate every text holds is still found (and the strangers are not)."""
+    import random
+
+    from orchestrator.textscan import near_duplicates
+
+    rng = random.Random(1)
+    vocab = [f"v{i}" for i in range(5000)]
+
+    def words(k: int) -> list[str]:
+        return [rng.choice(vocab) for _ in range(k)]
+
+    boilerplate = words(240)
+    texts = [" ".join(boilerplate + words(160)) for _ in range(60)]
+    own = texts[0].split()[240:]
+    texts.append(" ".join(boilerplate + own[:100] + words(60)))  # Jaccard 0.74 with text 0; others 0.42
+    assert [(i, j) for i, j, _, _ in near_duplicates(texts)] == [(0, 60)]

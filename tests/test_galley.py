@@ -15,6 +15,8 @@ from orchestrator.typeset.compat import UNIT_HEAD, UNIT_KEEP
 from orchestrator.typeset.galley import Item, batches, book_items, paginate, templates_digest
 from orchestrator.typeset.html import parse_book
 
+A5 = (419.5, 595.3)
+
 LINE = 15.0
 TEXT_H = 100.0  # a text box of six and two-thirds lines
 
@@ -144,7 +146,10 @@ def test_each_page_holds_only_the_text_it_shows(tmp_path):
             lines += [f"### Chapter {p}.{c}", ""]
             for s in range(1, 4):
                 lines += [f"#### Section {p}.{c}.{s}", "", words(90), "", "- " + words(12), "- " + words(12), "",
-                          "```python", *(f"x = '{words(3)}'" for _ in range(6)), "```", "", words(140), ""]
+                          "```python", *(f"x = '{words(3)}'" for _ in range(6)), "```", "", words(140),
+                          f"[{words(2)}](https://example.org/{p}{c}{s}).", ""]
+    # a table row taller than a page: cut between its cells' lines, nothing clipped away
+    lines += ["| a | b |", "|---|---|", f"| {words(900)} | {words(40)} |", ""]
     info = typeset("\n".join(lines), tmp_path, formats=("pdf",), workers=2)
     reader = pypdf.PdfReader(str(info.pdf_path))
     assert info.pdf_pages == len(reader.pages) > 12
@@ -156,3 +161,14 @@ def test_each_page_holds_only_the_text_it_shows(tmp_path):
     missing = [f"w{i:05d}" for i in range(n) if f"w{i:05d}" not in found]
     assert not twice, f"{len(twice)} words on two pages, first {twice[:5]}"
     assert not missing, f"{len(missing)} words missing, first {missing[:5]}"
+    # the links to the web come along, each on the page that shows its text
+    uris = []
+    for page in reader.pages:
+        for a in page.get("/Annots") or []:
+            a = a.get_object()
+            if a.get("/Subtype") == "/Link" and "/A" in a:
+                uris.append(str(a["/A"]["/URI"]))
+                x1, y1, x2, y2 = (float(v) for v in a["/Rect"])
+                assert 0 <= x1 < x2 <= A5[0] and 0 <= y1 < y2 <= A5[1]
+    assert sorted(uris) == sorted(f"https://example.org/{p}{c}{s}" for p in (1, 2) for c in (1, 2)
+                                  for s in (1, 2, 3))

@@ -83,8 +83,8 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write OUT/timeline.png (in-flight streams per card, planning requests and their "
                    "critical path, the servers' tokens/s) and its data, OUT/timeline.json")
     p.add_argument("--typeset-after-writing", action="store_true",
-                   help="lay out the whole PDF after the last section (default: each part as soon as its last "
-                   "section is in, on idle cores, at low priority)")
+                   help="lay out the whole PDF after the last section (default: each section as soon as it is in, "
+                   "on idle cores, at low priority)")
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:

@@ -148,10 +148,11 @@ def page_geometry(doc: Any) -> dict[str, float]:
     }
 
 
-def galley_units(page: Any) -> list[tuple[float, float, int]]:
-    """The units a page of running text can be cut between: every line box, and every table row (never cut
-    inside), as (top, bottom, flags) in CSS px from the page's top, in reading order, overlapping ones merged
-    (a list item's marker and its first line are one unit).
+def galley_units(page: Any, tallest: float = float("inf")) -> list[tuple[float, float, int]]:
+    """The units a page of running text can be cut between: every line box, and every table row (not cut inside
+    unless it is taller than ``tallest``, the text box: then between the lines of its cells), as (top, bottom,
+    flags) in CSS px from the page's top, in reading order, overlapping ones merged (a list item's marker and its
+    first line are one unit; a tall row's cells' lines side by side).
 
     Walks ``Page._page_box`` and ``weasyprint.formatting_structure.boxes`` (internal); a change of shape there
     fails the layout loudly (the worker reports it) instead of cutting pages in the wrong places."""
@@ -159,7 +160,15 @@ def galley_units(page: Any) -> list[tuple[float, float, int]]:
 
     raw: list[tuple[float, float, bool, int]] = []  # top, bottom, in a heading, the block the line belongs to
 
+    def lines(box: Any) -> list[tuple[float, float]]:
+        if isinstance(box, boxes.LineBox):
+            return [(float(box.position_y), float(box.position_y) + float(box.margin_height()))]
+        return [ln for child in getattr(box, "children", None) or () for ln in lines(child)]
+
     def walk(box: Any, parent: int, head: bool) -> None:
+        if isinstance(box, boxes.TableRowBox) and box.margin_height() > tallest:
+            raw.extend((top, bottom, head, -1) for top, bottom in sorted(lines(box)))
+            return
         if isinstance(box, boxes.LineBox | boxes.TableRowBox):
             top = float(box.position_y)
             raw.append((top, top + float(box.margin_height()), head, parent if isinstance(box, boxes.LineBox) else -1))

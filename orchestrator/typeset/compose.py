@@ -22,6 +22,7 @@ from pypdf.generic import (
     FloatObject,
     IndirectObject,
     NameObject,
+    NumberObject,
     StreamObject,
 )
 
@@ -47,6 +48,7 @@ class Composer:
         self._readers: dict[str, list[PageObject]] = {}
         self._pages: dict[tuple[str, int], tuple[Any, ArrayObject, float, Any]] = {}
         self._forms: dict[tuple[str, int], tuple[IndirectObject, float]] = {}  # whole galley pages, as laid out
+        self._links: dict[tuple[str, int], list[tuple[tuple[float, ...], Any]]] = {}
 
     def read(self, pdf: str, pages: Iterable[int] = ()) -> None:
         """Open a galley document ahead of time (while the book is still being written, or other documents are
@@ -78,6 +80,16 @@ class Composer:
                 stream.set_data(joined.get_data() if joined is not None else b"")
             bbox = ArrayObject([FloatObject(float(v)) for v in (box.left, box.bottom, box.right, box.top)])
             self._pages[key] = (res_ref, bbox, float(box.top), stream)
+            # the links to the web in its text (an internal one points into the galley: not kept)
+            links: list[tuple[tuple[float, ...], Any]] = []
+            for annot in src.get("/Annots") or ():
+                a = annot.get_object()
+                action = a.get("/A")
+                if a.get("/Subtype") == "/Link" and action is not None and action.get_object().get("/S") == "/URI":
+                    x1, y1, x2, y2 = (float(v) for v in a["/Rect"])  # any two corners: normalised
+                    links.append(((min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)),
+                                  action.get_object().clone(self.writer)))
+            self._links[key] = links
         return self._pages[key]
 
     def _form(self, pdf: str, page: int, top: float | None = None, bottom: float | None = None,
@@ -128,31 +140,36 @@ class Composer:
         for p in pages:
             ops: list[str] = []
             xobjects: dict[Any, Any] = {}
+            annots: list[IndirectObject] = []
             if p.whole is not None:
-                ref, _ = self._form(*p.whole)
+                ref, h_pt = self._form(*p.whole)
                 xobjects[NameObject("/G0")] = ref
                 ops.append("q /G0 Do Q")
+                self._annots(annots, p.whole, 0.0, h_pt, 0.0, 0.0)
             for s in p.slices:
-                self._place(ops, xobjects, s.pdf, s.page, s.top, s.bottom, text_top - s.dest_top * PX_TO_PT, x0)
+                self._place(ops, xobjects, annots, s.pdf, s.page, s.top, s.bottom,
+                            text_top - s.dest_top * PX_TO_PT, x0)
             if p.head is not None and p.head in heads:
                 pdf, page, top, bottom = heads[p.head]
                 mid = (g["height"] - g["content_y"] / 2) * PX_TO_PT  # the middle of the top margin
-                self._place(ops, xobjects, pdf, page, top, bottom, mid + (bottom - top) * PX_TO_PT / 2, x0)
+                self._place(ops, xobjects, annots, pdf, page, top, bottom, mid + (bottom - top) * PX_TO_PT / 2, x0)
             out = self.writer.add_blank_page(width_pt, height_pt)
             content = DecodedStreamObject()
             content.set_data("\n".join(ops).encode("ascii"))
             out[NameObject("/Contents")] = add_object(self.writer, content)
             out[NameObject("/Resources")] = DictionaryObject({NameObject("/XObject"): DictionaryObject(xobjects)})
+            if annots:
+                out[NameObject("/Annots")] = ArrayObject(annots)
         where: dict[str, Destination] = {}
         for name, (page, x, y) in dest.items():
             where[name] = (first + page, (g["content_x"] + x) * PX_TO_PT,
                            (g["height"] - g["content_y"] - y) * PX_TO_PT)
         return where
 
-    def _place(self, ops: list[str], xobjects: dict[Any, Any], pdf: str, page: int, top: float, bottom: float,
-               dest_top_pt: float, x: float) -> None:
+    def _place(self, ops: list[str], xobjects: dict[Any, Any], annots: list[IndirectObject], pdf: str, page: int,
+               top: float, bottom: float, dest_top_pt: float, x: float) -> None:
         """Draw lines ``top``..``bottom`` (px) of a galley page with their top at ``dest_top_pt`` (pt from the
-        page's bottom) and their left edge at ``x`` pt, clipped to them."""
+        page's bottom) and their left edge at ``x`` pt, clipped to them; their links come along."""
         ref, h_pt = self._form(pdf, page, top, bottom)
         name = f"/G{len(xobjects)}"
         xobjects[NameObject(name)] = ref
@@ -160,3 +177,20 @@ class Composer:
         ty = dest_top_pt - (h_pt - top * PX_TO_PT)
         width = self.g["width"] * PX_TO_PT
         ops.append(f"q 0 {dest_top_pt - h:.3f} {width:.3f} {h:.3f} re W n 1 0 0 1 {x:.3f} {ty:.3f} cm {name} Do Q")
+        self._annots(annots, (pdf, page), h_pt - bottom * PX_TO_PT, h_pt - top * PX_TO_PT, x, ty)
+
+    def _annots(self, annots: list[IndirectObject], key: tuple[str, int], low: float, high: float, dx: float,
+                dy: float) -> None:
+        """The links of galley page ``key`` whose middle lies between ``low`` and ``high`` (pt, in the galley
+        page), moved by (dx, dy) onto the book's page."""
+        self._page(*key)
+        for (x1, y1, x2, y2), action in self._links.get(key, ()):
+            if low <= (y1 + y2) / 2 <= high:
+                rect = ArrayObject([FloatObject(round(v, 3)) for v in (x1 + dx, y1 + dy, x2 + dx, y2 + dy)])
+                annots.append(add_object(self.writer, DictionaryObject({
+                    NameObject("/Type"): NameObject("/Annot"),
+                    NameObject("/Subtype"): NameObject("/Link"),
+                    NameObject("/Rect"): rect,
+                    NameObject("/Border"): ArrayObject([NumberObject(0), NumberObject(0), NumberObject(0)]),
+                    NameObject("/A"): action,
+                })))

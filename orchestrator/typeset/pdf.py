@@ -19,6 +19,7 @@ So neither the contents nor the footers need a second layout pass, and no worker
 from __future__ import annotations
 
 import hashlib
+import logging
 import pickle
 import shutil
 import tempfile
@@ -34,6 +35,8 @@ from .galley import Item, batches, book_items, paginate, templates_digest
 from .html import Node, plain_text, render_inline, render_markdown, toc_entries
 from .merge import Merger
 from .pool import WORKER_COMMAND, TypesetError, _Pool, default_workers, worker_env
+
+log = logging.getLogger("handbook")
 
 __all__ = [
     "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "front_job", "job_key", "render_pdf",
@@ -228,6 +231,11 @@ def render_pdf(
         composer.runs = {(lay[it.key]["out"], g): r for it in items for g, r in lay[it.key].get("runs", {}).items()}
         seq = [(it, lay[it.key]) for it in items]
         pages, where = paginate(seq, geometry["content_h"], (geometry["content_x"], geometry["content_y"]))
+        tall = [it.id or it.kind for it, layout in seq if it.kind == "flow"
+                and any(u[2] - u[1] > geometry["content_h"] + 0.5 for u in layout["units"])]
+        if tall:  # a single line (not a table row: those are cut between their cells' lines) taller than a page
+            log.warning("%d pieces of the book hold a line taller than a page, cut off at the page's edge (first: "
+                        "%s)", len(tall), tall[0])
         # WeasyPrint has been seen to stop silently mid-flow on very long documents: every heading must have landed.
         missing = [n.id for n in root.walk() if n.level > 1 and n.id not in where]
         if missing:

@@ -194,7 +194,8 @@ def layout_galley(job: dict[str, Any]) -> dict[str, Any]:
     out_items: dict[str, dict[str, Any]] = {}
     for n, it in enumerate(items):
         own = list(range(starts[n], max(ends[n], starts[n] + 1)))
-        units = [(g, top, bottom, flags) for g in own for top, bottom, flags in galley_units(doc.pages[g])]
+        units = [(g, top, bottom, flags) for g in own
+                 for top, bottom, flags in galley_units(doc.pages[g], geometry["content_h"])]
         box = anchors[f"hb-g{n}"]
         lead = units[0][1] - box[2] if units else 0.0
         trail = box[4] - units[-1][2] if units and len(own) == 1 else 0.0
