@@ -41,7 +41,7 @@ from ..resources import template_dirs
 from .compose import Composer
 from .galley import Item, item_for_node, templates_digest
 from .html import parse_book, render_inline
-from .pdf import Prepared, front_job, galley_job, job_key
+from .pdf import Prepared, front_job, galley_job, item_layouts, job_key
 from .pool import _Pool, default_workers
 
 if TYPE_CHECKING:
@@ -243,8 +243,7 @@ class BackgroundTypesetter:
         if result["kind"] == "front":
             self.done[keys[0]] = {**result, "job": idx}
             return
-        for key, layout in result["items"].items():
-            self.done[key] = {**layout, "job": idx, "geometry": result["geometry"], "refused": result["refused"]}
+        self.done.update(item_layouts(idx, result))
         self.composer.read(result["out"], range(result["pages"]))
 
 

@@ -159,14 +159,14 @@ def paginate(items: list[tuple[Item, dict[str, Any]]], text_height: float, origi
     units: list[_Unit] = []
     anchors: list[tuple[str, int, int, float, float]] = []  # id, item, galley page, x, y
     whole_anchors: list[tuple[str, int, float, float]] = []
-    chapters: list[tuple[int, str]] = []  # (item, chapter id) for running heads
+    chapters: set[str] = set()  # the chapters' ids, for running heads
     prev_trail: float | None = None
 
     def flush() -> None:
         nonlocal units, anchors, chapters
         if units:
             _cut(units, anchors, chapters, text_height, pages, dest)
-        units, anchors, chapters = [], [], []
+        units, anchors, chapters = [], [], set()
 
     for idx, (item, lay) in enumerate(items):
         if item.kind == "head":
@@ -200,14 +200,14 @@ def paginate(items: list[tuple[Item, dict[str, Any]]], text_height: float, origi
         for name, (g, x1, y1, _x2, _y2) in lay["anchors"].items():
             anchors.append((name, idx, g, x1, y1))
         if item.level == 3 and item.heading:
-            chapters.append((idx, item.id))
+            chapters.add(item.id)
     flush()
     for name, page, x, y in whole_anchors:
         dest[name] = (page, x - origin[0], y - origin[1])
     return pages, dest
 
 
-def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], chapters: list[tuple[int, str]],
+def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], chapters: set[str],
          text_height: float, pages: list[OutPage], dest: dict[str, tuple[int, float, float]]) -> None:
     """Greedy page breaks over one run of running text; appends its pages and its anchors' destinations."""
     first_page = len(pages)
@@ -259,10 +259,9 @@ def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], 
         dest[name] = (page, x, max(0.0, dest_top[k] + (y - u.top)))
         starts.setdefault(on_page[k], []).append(name)
     # running heads: the chapter that starts on the page (the first, if several), else the one in force
-    chapter_ids = {cid for _, cid in chapters}
     current: str | None = None
     for p in range(len(per_page)):
-        here = [name for name in starts.get(p, []) if name in chapter_ids]
+        here = [name for name in starts.get(p, []) if name in chapters]
         head = min(here, key=lambda c: dest[c][2]) if here else current
         if here:
             current = max(here, key=lambda c: dest[c][2])

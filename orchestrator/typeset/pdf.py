@@ -39,8 +39,8 @@ from .pool import WORKER_COMMAND, TypesetError, _Pool, default_workers, worker_e
 log = logging.getLogger("handbook")
 
 __all__ = [
-    "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "front_job", "job_key", "render_pdf",
-    "worker_env",
+    "WORKER_COMMAND", "PdfRun", "Prepared", "TypesetError", "default_workers", "front_job", "item_layouts", "job_key",
+    "render_pdf", "worker_env",
 ]
 
 
@@ -89,12 +89,15 @@ def job_key(job: dict[str, Any]) -> bytes:
     still being written (typeset/background.py) is taken only if the finished book asks for exactly this chunk."""
     same = {k: v for k, v in job.items() if k not in ("index", "out", "cost")}
     h = hashlib.blake2b(pickle.dumps(same, protocol=pickle.HIGHEST_PROTOCOL), digest_size=20)
-    for d in job["template_dirs"]:
-        for f in sorted(Path(d).glob("*")):
-            if f.is_file():
-                st = f.stat()
-                h.update(f"{f}\0{st.st_mtime_ns}\0{st.st_size}\0".encode())
+    h.update(templates_digest(job["template_dirs"]))
     return h.digest()
+
+
+def item_layouts(idx: int, result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A galley document's report as each of its items' layout (item key -> layout): the item's own figures, the
+    document's number, the page geometry and the URLs its layout refused."""
+    return {key: {**layout, "job": idx, "geometry": result["geometry"], "refused": result["refused"]}
+            for key, layout in result["items"].items()}
 
 
 @dataclass
@@ -216,10 +219,9 @@ def render_pdf(
                 if payload["kind"] == "front":
                     take(front_key, {**payload, "job": idx})
                 else:
-                    for key, layout in payload["items"].items():
+                    for key, layout in item_layouts(idx, payload).items():
                         if key in wanted:
-                            take(key, {**layout, "job": idx, "geometry": payload["geometry"],
-                                       "refused": payload["refused"]})
+                            take(key, layout)
         missing_items = [it for it in items if it.key not in lay]
         if missing_items or front_key not in lay:
             raise TypesetError(f"{len(missing_items)} pieces of the book were never laid out")

@@ -108,17 +108,18 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
     size = (doc.pages[0].width, doc.pages[0].height) if pages else (0.0, 0.0)
     lines = toc_lines(doc) if job["kind"] == "front" else {}
     doc.write_pdf(job["out"])
+    return _report(job, job["kind"], fetcher, (t0, t_html, t_layout, c0), pages=pages, size_px=size,
+                   anchors=anchors, toc_lines=lines, fragments=fragments)
+
+
+def _report(job: dict[str, Any], kind: str, fetcher: AssetFetcher, times: tuple[float, float, float, float],
+            **fields: Any) -> dict[str, Any]:
+    """A layout's report: what it laid out (``fields``) and what it cost. ``times``: perf_counter at the start,
+    after the HTML and after the layout, and process_time at the start; the PDF has just been written."""
+    t0, t_html, t_layout, c0 = times
     t_end = time.perf_counter()
     return {
-        "index": job["index"],
-        "kind": job["kind"],
-        "out": job["out"],
-        "pages": pages,
-        "size_px": size,
-        "anchors": anchors,
-        "toc_lines": lines,
-        "fragments": fragments,
-        "refused": fetcher.refused,
+        "index": job["index"], "kind": kind, "out": job["out"], **fields, "refused": fetcher.refused,
         "seconds": {"html": t_html - t0, "layout": t_layout - t_html, "pdf": t_end - t_layout,
                     "total": t_end - t0, "cpu": time.process_time() - c0},
         "peak_rss_mb": _peak_rss_mb(),
@@ -208,21 +209,8 @@ def layout_galley(job: dict[str, Any]) -> dict[str, Any]:
     doc.write_pdf(job["out"], finisher=lambda _doc, pdf: contents.extend(page_contents(pdf)))
     for lay in out_items.values():  # where each galley page shows text (the composer drops what a page clips off)
         lay["runs"] = {g: _flat(text_runs(contents[g])) for g in lay["pages"]}
-    t_end = time.perf_counter()
-    return {
-        "index": job["index"],
-        "kind": "galley",
-        "out": job["out"],
-        "pages": len(doc.pages),
-        "size_px": (geometry["width"], geometry["height"]),
-        "geometry": geometry,
-        "items": out_items,
-        "refused": fetcher.refused,
-        "seconds": {"html": t_html - t0, "layout": t_layout - t_html, "pdf": t_end - t_layout,
-                    "total": t_end - t0, "cpu": time.process_time() - c0},
-        "peak_rss_mb": _peak_rss_mb(),
-        "pid": os.getpid(),
-    }
+    return _report(job, "galley", fetcher, (t0, t_html, t_layout, c0), pages=len(doc.pages),
+                   size_px=(geometry["width"], geometry["height"]), geometry=geometry, items=out_items)
 
 
 def _send(out: IO[bytes], msg: tuple[str, int, Any]) -> None:
