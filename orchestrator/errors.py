@@ -1,5 +1,6 @@
 """Our error types. Each carries the CLI exit code it maps to (see DESIGN: 1 failed, 2 bad input, 3 no backend;
-4: the book was written but typesetting the PDF/HTML failed; 130 interrupted).
+4: the book was written but typesetting the PDF/HTML failed; 5: the output could not be written (a full disk);
+130 interrupted).
 
 Library and HTTP errors are translated into these in exactly one place (client.py); everything above the client
 only ever sees these or plain values.
@@ -8,6 +9,7 @@ only ever sees these or plain values.
 from __future__ import annotations
 
 TYPESET_FAILED_EXIT = 4  # book.md, stats.json, defects.json and the journal are written; the PDF is not
+OUTPUT_FAILED_EXIT = 5  # an output file (the journal, book.md, ...) could not be written: free space and rerun
 
 
 class HandbookError(Exception):
@@ -39,6 +41,14 @@ class PlanError(HandbookError):
     """The outline could not be obtained: a node's replies stayed unusable after every attempt."""
 
     exit_code = 1
+
+
+class OutputError(HandbookError):
+    """A file of the job could not be written (the journal, book.md, stats.json ...: a full disk, a quota, a folder
+    gone). The job stops asking the servers at once (text that cannot be kept is GPU time lost); what the journal
+    holds is safe, and rerunning the same command once there is room resumes from it."""
+
+    exit_code = OUTPUT_FAILED_EXIT
 
 
 class Interrupted(HandbookError):

@@ -21,6 +21,7 @@ import orjson
 from .assemble import INTERRUPTED, Book, assemble
 from .config import Settings
 from .events import Event, JobFinished
+from .osutil import atomic_write
 from .outline import Outline
 from .report import JobRecord, build_stats
 
@@ -166,8 +167,7 @@ def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict
 
 
 def write_json(path: Path, data: Any) -> Path:
-    path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-    return path
+    return atomic_write(path, orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None],
@@ -222,8 +222,8 @@ def _mark_incomplete(markdown: str, reason: str, written: int, total: int, plann
 
 
 def _write_outputs(out_dir: Path, book: Book, outline: Outline) -> dict[str, Path]:
-    (out_dir / "book.md").write_text(book.markdown, encoding="utf-8")
-    (out_dir / "outline.json").write_bytes(orjson.dumps(outline.to_json(), option=orjson.OPT_INDENT_2))
+    atomic_write(out_dir / "book.md", book.markdown)
+    atomic_write(out_dir / "outline.json", orjson.dumps(outline.to_json(), option=orjson.OPT_INDENT_2))
     return {"md": out_dir / "book.md", "outline": out_dir / "outline.json"}
 
 
@@ -239,7 +239,7 @@ def _write_timeline(job: JobInfo, t_end: float) -> dict[str, Path]:
 
 
 def _write_stats(out_dir: Path, stats: dict[str, Any], paths: dict[str, Path]) -> None:
-    (out_dir / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    atomic_write(out_dir / "stats.json", orjson.dumps(stats, option=orjson.OPT_INDENT_2))
     paths["stats"] = out_dir / "stats.json"
 
 
@@ -248,8 +248,8 @@ def _write_defects(out_dir: Path, book: Book, paths: dict[str, Path]) -> dict[st
 
     d = find_defects(book)
     data = d.to_json()
-    (out_dir / "defects.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-    (out_dir / "defects.md").write_text(d.to_markdown(), encoding="utf-8")
+    atomic_write(out_dir / "defects.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    atomic_write(out_dir / "defects.md", d.to_markdown())
     paths["defects"] = out_dir / "defects.json"
     paths["defects_md"] = out_dir / "defects.md"
     return data

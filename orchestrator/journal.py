@@ -32,11 +32,14 @@ import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 import orjson
 
-from .errors import ConfigError
+from .errors import ConfigError, OutputError
 from .journal_schema import dumps, open_db
 from .outline import Outline
 from .reply import Reply
@@ -128,7 +131,12 @@ class Journal:
         self._committed = committed  # path -> (label, Committed) of planning nodes that had not finished
         self.written = 0  # nodes this run wrote
         self.written_sections = 0
-        self._broken = False
+        self._written_paths: set[str] = set()  # sections this run wrote, by path
+        # A write that failed (a full disk): ``failure`` is the first, as the job's one-line error; ``failures``
+        # counts them; ``on_failure`` (the Writer) is told of each, so that it stops asking for text it cannot keep.
+        self.failure: OutputError | None = None
+        self.failures = 0
+        self.on_failure: Callable[[OutputError], None] | None = None
 
     # -- opening ------------------------------------------------------------------------------------------------
 
@@ -190,6 +198,8 @@ class Journal:
             if conn is not None:
                 conn.close()
             why = " ".join(str(e).split())[:120] or type(e).__name__
+            if isinstance(e, sqlite3.Error) and _no_room(why):  # a good journal on a full disk: not bad input
+                raise OutputError(f"cannot write {path}: {why}; free space and rerun to resume") from None
             raise ConfigError(
                 f"{path} is not a readable handbook journal ({why}); remove it, choose another --out, "
                 "or pass --fresh"
@@ -259,9 +269,26 @@ class Journal:
             ),
             ("DELETE FROM committed WHERE path = ?", (path,)),
         ])
+        if not self._ok:
+            return
         self.written += 1
         if kind == "section":
             self.written_sections += 1
+            self._written_paths.add(path)
+
+    @property
+    def safe_sections(self) -> int:
+        """Sections this journal holds (earlier runs' and this run's): what a rerun will not ask for again."""
+        return len({p for p, n in self.nodes.items() if n.kind == "section"} | self._written_paths)
+
+    def lost_message(self, what: str, why: str) -> str:
+        """The one line of a job that cannot write ``what``: which file, why, what is safe, what to do."""
+        fix = "free space and rerun to resume" if _no_room(why) else "fix that and rerun to resume"
+        planned = (sum(1 for n in self.nodes.values() if n.kind != "section") + self.written
+                   - self.written_sections)
+        outline = f" and {planned} outline node(s)" if planned and self.outline is None else ""
+        return (f"cannot write {what}: {why}; {self.safe_sections} finished section(s){outline} are safe in "
+                f"{self.path}: {fix}")
 
     def move(self, node: StoredNode, path: str) -> None:
         """Record a stored node at its new ``path`` (an edited outline moved it), so the journal follows the outline
@@ -290,25 +317,36 @@ class Journal:
         _unlock(self._lock)
         self._lock = None
 
+    _ok = True  # the last write went through
+
     def _write(self, sql: str, params: tuple) -> None:
         self._write_many([(sql, params)])
 
     def _write_many(self, statements: list[tuple[str, tuple]]) -> None:
-        """Run statements in one transaction."""
-        if self._broken:
-            return
+        """Run statements in one transaction. A transaction that fails (a full disk) is rolled back whole and
+        raises nothing: ``failure`` records it and ``on_failure`` hears of it (the job stops; see writing.py), and
+        later writes are still tried, since each one that succeeds is a node kept. ``_ok`` says how the last
+        one went."""
         try:
             with self._db:
                 for sql, params in statements:
                     self._db.execute(sql, params)
-        except sqlite3.Error as e:  # a full disk must not lose the book being made; it loses the resume point
-            import logging
+        except (sqlite3.Error, OSError) as e:
+            self._ok = False
+            error = OutputError(self.lost_message(str(self.path), " ".join(str(e).split()) or type(e).__name__))
+            self.failures += 1
+            if self.failure is None:
+                self.failure = error
+            if self.on_failure is not None:
+                self.on_failure(error)
+            return
+        self._ok = True
 
-            logging.getLogger("handbook").warning(
-                "the journal %s cannot be written (%s): this run goes on, but cannot be resumed", self.path, e
-            )
-            self._broken = True
 
+
+def _no_room(why: str) -> bool:
+    """Does an error's text say the disk (or the quota) is full? SQLite words it "database or disk is full"."""
+    return any(w in why.lower() for w in ("disk is full", "no space left", "quota exceeded", "file too large"))
 
 
 def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) -> None:
@@ -324,6 +362,7 @@ def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) ->
 
 def _lock(path: Path) -> Any:
     """Hold an exclusive lock on the out dir for this job (released on close or when the process dies)."""
+    import errno
     import fcntl
     import os
 
@@ -342,10 +381,15 @@ def _lock(path: Path) -> Any:
         raise ConfigError(
             f"another handbook job{who} is writing to {path.parent}; wait for it, or choose another --out"
         ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+    except OSError as e:  # the lock is held all the same; only the pid in it (for the message above) is missing
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            f.close()
+            raise ConfigError(f"cannot write the lock file {lock_path}: {e.strerror or e}") from None
     return f
 
 

@@ -113,12 +113,20 @@ def peek_job(path: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]] | N
         raise ConfigError(f"{path} is not a readable handbook journal ({why})") from None
 
 
+WAL_PAGES = 16
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.isolation_level = None
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=5000")
+    # The WAL is copied back into the file every WAL_PAGES pages (SQLite's default is 1,000: 4 MB), so the journal
+    # takes little more room than what it keeps: a section costs a few pages of WAL per commit, and on a disk that
+    # fills the WAL is what runs out first (a 256 KB --out kept no section at all with the default).
+    conn.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096 * 2}")
     conn.isolation_level = "DEFERRED"  # ``with conn:`` begins (as plain BEGIN does) and commits
     return conn
 

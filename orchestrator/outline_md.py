@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 
 from .errors import ConfigError
+from .osutil import atomic_write
 from .outline import Chapter, Outline, Part
 
 __all__ = [
@@ -68,11 +69,8 @@ def render_outline_md(outline: Outline, out_dir: str | Path = "DIR") -> str:
 
 
 def write_outline_md(outline: Outline, out_dir: Path) -> Path:
-    path = out_dir / FILENAME
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render_outline_md(outline, out_dir), encoding="utf-8")
-    tmp.replace(path)  # a person may have it open: never a half-written file
-    return path
+    # a person may have it open: never a half-written file
+    return atomic_write(out_dir / FILENAME, render_outline_md(outline, out_dir))
 
 
 def edits_in(out_dir: Path, outline: Outline) -> tuple[bool, Outline | None]:

@@ -10,8 +10,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,7 +22,7 @@ import anyio
 from .client import BackendClient, discover
 from .config import Backend, Settings, slugify, unique_backends
 from .dispatch import Dispatcher
-from .errors import BackendError, ConfigError, HandbookError, unwrap
+from .errors import BackendError, ConfigError, HandbookError, OutputError, unwrap
 from .events import Event, ForecastReady, JobStarted
 from .finish import JobInfo, Planned, Result, draft_status, publish, save_book, save_plan, write_json
 from .fleet import Fleet
@@ -265,9 +265,12 @@ class _Job:
         if usable is None:
             usable = await discover_all(backends, settings)
         journal.check_model(",".join(sorted({model for _, model in usable})))
+        if journal.failure is not None:  # the journal cannot be written: no request is sent for text it cannot keep
+            raise journal.failure
         caps = ensure_open_files([b.cap for b, _ in usable])
         urls = tuple(b.url for b, _ in usable)
-        fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
+        with _output_errors(journal):  # forecast.json
+            fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
         timeline = Timeline(caps=dict(zip(urls, caps, strict=True))) if settings.timeline else None  # --timeline
         if timeline is not None:
             bus.consumers.append(timeline)
@@ -320,17 +323,22 @@ class _Job:
             self.requests = written.requests
         plan_levels = [n - r for n, r in zip(planner.level_requests, dispatcher.resumed_levels, strict=False)]
 
+        if journal.failure is not None:  # nothing more is written where the journal could not keep what it had
+            raise journal.failure
         job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast, timeline)
         if self.mode.plan_only:
             self.status = "planned" if written.outline is not None else draft_status(written.stop)
-            planned = save_plan(job, written, partial(self._plan_forecast, fits))
+            with _output_errors(journal):
+                planned = save_plan(job, written, partial(self._plan_forecast, fits))
             if written.stop == "all-down" and written.outline is None:
                 raise BackendError(stopped_message(journal, str(written.all_down_error)))
             return planned
-        draft = save_book(job, written, tuple(plan_levels), journal.path)
+        with _output_errors(journal):
+            draft = save_book(job, written, tuple(plan_levels), journal.path)
         self.status = draft.status
         journal.end_run(self.status, self.requests)
-        result = await publish(job, draft, bus, background)
+        with _output_errors(journal):
+            result = await publish(job, draft, bus, background)
         if written.stop == "all-down":
             raise BackendError(stopped_message(journal, str(written.all_down_error)))
         return result
@@ -362,6 +370,17 @@ class _Job:
         if not fits:
             return {"available": False, "reason": self.no_forecast or "no step times"}
         return forecast_json(forecast_of(outline, self.settings, fits, planned=True), self.budget)
+
+
+@contextmanager
+def _output_errors(journal: Journal) -> Iterator[None]:
+    """An output file that cannot be written (book.md, stats.json, ...: each is written whole or not at all, see
+    osutil.atomic_write) ends the job with OutputError: which file, why, and what the journal keeps."""
+    try:
+        yield
+    except OSError as e:
+        why = e.strerror or " ".join(str(e).split()) or type(e).__name__
+        raise OutputError(journal.lost_message(str(e.filename or journal.path.parent), why)) from None
 
 
 def _warn_if_edited(out_dir: Path, outline: Outline) -> None:

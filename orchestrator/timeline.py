@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from .events import Delta, JobStarted, LevelPlanned, MetricsSample, NodeFailed, NodeFinished, NodeStarted
+from .osutil import atomic_path, atomic_write
 
 PLANNING_KINDS = ("book", "part", "chapter")
 
@@ -193,8 +194,9 @@ class Timeline:
         png = Path(png)
         json_path = Path(json_path) if json_path is not None else png.with_suffix(".json")
         data = self.data(t_end)
-        json_path.write_bytes(orjson.dumps(data) + b"\n")  # compact: a published take has ~1,700 requests
-        draw(data, png)
+        atomic_write(json_path, orjson.dumps(data) + b"\n")  # compact: a published take has ~1,700 requests
+        with atomic_path(png) as tmp:
+            draw(data, tmp)
         return {"timeline": png, "timeline_json": json_path}
 
 

@@ -50,8 +50,9 @@ CONTINUATION_TOKENS = 96  # --finish-truncated: enough for the end of a sentence
 class Written:
     """What the writing produced, however it ended.
 
-    ``stop`` says why it ended early: "interrupt" (Ctrl-C; requests in flight were let finish) or "all-down" (every
-    backend stopped answering; ``all_down_error`` says how); None when every section was asked for."""
+    ``stop`` says why it ended early: "interrupt" (Ctrl-C; requests in flight were let finish), "all-down" (every
+    backend stopped answering; ``all_down_error`` says how) or "output" (the journal could not be written: the
+    runner raises ``journal.failure``); None when every section was asked for."""
 
     outline: Outline | None  # None: stopped while planning
     sections: dict[str, SectionText]  # path -> the section as written (or failed); absent: never finished
@@ -73,7 +74,8 @@ def stopped_message(journal: Journal, why: str) -> str:
 
 
 class Writer:
-    """One run's writing. ``stop`` is set while it runs: "interrupt", "cancel" (a second Ctrl-C) or "all-down"."""
+    """One run's writing. ``stop`` is set while it runs: "interrupt", "cancel" (a second Ctrl-C), "all-down" or
+    "output" (the journal cannot be written)."""
 
     def __init__(self, settings: Settings, profile: Profile, bus: Callable[[Event], None], journal: Journal, *,
                  handle_sigint: bool):
@@ -89,6 +91,8 @@ class Writer:
         self.t_write_end: float | None = None
         # told of every section stored (written, failed or resumed): typesetting while writing
         self.on_section: Callable[[SectionText], None] | None = None
+        self._journal_failed = anyio.Event()  # the journal could not keep a node: set by journal.on_failure
+        journal.on_failure = lambda _error: self._journal_failed.set()
 
     async def run(self, fleet: Fleet, dispatcher: Dispatcher, planner: Planner, sampler: MetricsSampler, *,
                   outline: Outline | None = None, plan_only: bool = False) -> Written:
@@ -105,6 +109,7 @@ class Writer:
             bg.start_soon(sampler.run)
             with anyio.CancelScope() as writing:
                 bg.start_soon(self._watch_all_down, fleet, writing)
+                bg.start_soon(self._watch_journal, fleet, writing)
                 if self.handle_sigint:
                     bg.start_soon(self._watch_sigint, fleet, writing, bg)
                 async with anyio.create_task_group() as work:
@@ -242,6 +247,22 @@ class Writer:
         if self.stop is None:
             self.stop = "all-down"
         fleet.stop()
+        writing.cancel()
+
+    async def _watch_journal(self, fleet: Fleet, writing: anyio.CancelScope) -> None:
+        """The journal could not keep a node (a full disk): ask for nothing more, since text that cannot be kept is
+        GPU time lost. Requests in flight may finish only while the journal still keeps what they bring (each later
+        write is tried: one that fails too ends the wait) and for settings.interrupt_grace_s at most."""
+        if self.journal.failure is None:
+            await self._journal_failed.wait()
+        if self.stop is None:
+            self.stop = "output"
+        fleet.stop()
+        seen = self.journal.failures
+        with anyio.move_on_after(self.settings.interrupt_grace_s):
+            # The fleet keeps counts, not events (as in _drain): polling for a few seconds once costs nothing.
+            while fleet.in_flight and self.journal.failures == seen:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
         writing.cancel()
 
     async def _watch_sigint(self, fleet: Fleet, writing: anyio.CancelScope, bg: anyio.abc.TaskGroup) -> None:

@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ..osutil import atomic_write
 from .fit import predicted_total
 
 LEVEL_KEYS = (
@@ -123,9 +124,9 @@ def compare_table(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: s
 
 def write_outputs(ladder: dict[str, Any], out: Path) -> None:
     """``ladder.json``, ``ladder.csv`` and ``ladder.svg`` into ``out``."""
-    (out / "ladder.json").write_bytes(orjson.dumps(ladder, option=orjson.OPT_INDENT_2) + b"\n")
+    atomic_write(out / "ladder.json", orjson.dumps(ladder, option=orjson.OPT_INDENT_2) + b"\n")
     write_csv(out / "ladder.csv", ladder["levels"])
-    (out / "ladder.svg").write_text(chart_svg(ladder), encoding="utf-8")
+    atomic_write(out / "ladder.svg", chart_svg(ladder))
 
 
 def write_csv(path: Path, levels: Sequence[dict[str, Any]]) -> None:
@@ -134,7 +135,7 @@ def write_csv(path: Path, levels: Sequence[dict[str, Any]]) -> None:
     w.writerow([*LEVEL_KEYS, "held"])
     for lv in levels:
         w.writerow([("" if lv.get(k) is None else lv.get(k)) for k in LEVEL_KEYS] + [lv.get("held", True)])
-    path.write_text(buf.getvalue(), encoding="utf-8")
+    atomic_write(path, buf.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------ SVG chart

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from markupsafe import Markup
 
 from ..errors import ConfigError
+from ..osutil import atomic_write
 from ..resources import template_dirs
 from .html import (
     Node,
@@ -142,7 +143,7 @@ def typeset_to(
         peak = max(run.worker_peak_rss_mb, default=None)
         fragments = run.fragments
     if html_path is not None:
-        Path(html_path).write_text(_book_html(root, dirs, fragments), encoding="utf-8")
+        atomic_write(html_path, _book_html(root, dirs, fragments))
     return TypesetInfo(
         html_path=Path(html_path) if html_path is not None else None,
         pdf_path=Path(pdf_path) if pdf_path is not None else None,

@@ -8,7 +8,6 @@ footer of every page but the title page, and the right end of each contents entr
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import threading
@@ -30,6 +29,7 @@ from pypdf.generic import (
     NumberObject,
 )
 
+from ..osutil import atomic_path
 from .compat import add_object
 from .html import Node, plain_text, render_inline
 
@@ -212,10 +212,8 @@ class Merger:
         _bookmarks(self.writer, pages, front, dest, root)
         self.writer.add_metadata({"/Title": title, "/Producer": "handbook (WeasyPrint + pypdf)"})
         self.writer.page_mode = "/UseOutlines"
-        tmp_out = out_pdf.with_name(out_pdf.name + ".part")
-        with open(tmp_out, "wb") as fh:
+        with atomic_path(out_pdf) as tmp_out, open(tmp_out, "wb") as fh:  # a full disk leaves the old book.pdf
             self.writer.write(fh)
-        os.replace(tmp_out, out_pdf)
         return len(pages)
 
 
