@@ -34,8 +34,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
         OutlineReady,
     )
     from .finish import Result
+    from .forecasting import Forecast, StepFit
     from .outline import Chapter, Outline, Part
     from .run import agenerate, generate
+    from .stepwise import aforecast, aplan, awrite, plan, write
+    from .stepwise import forecast_of as forecast
 
 # name -> the module that defines it (and, where the names differ, the name there)
 _EXPORTS: dict[str, str] = {

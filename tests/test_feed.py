@@ -378,14 +378,44 @@ async def test_linger_times_out_and_close_ends_it():
             await feed.wait_closed()  # ...or until close()
 
 
-async def test_events_from_another_thread_are_handed_to_the_loop():
+async def test_events_are_delivered_on_the_loop_thread_and_from_another_thread_handed_to_it():
+    # Feed's contract: the feed's state is only ever touched on the event loop it was started on. An event sent
+    # there is folded in at once; one sent from another thread is handed over to the loop and folded in there.
+    # Recorded where FeedState.deliver runs, not just what the final state is.
     async with Feed(port=0) as feed:
-        th = threading.Thread(target=feed, args=(MetricsSample(1.0, 10.0, 42.0, {}),))
+        loop_thread = (threading.get_ident(), threading.current_thread().name)
+        delivered: list[tuple[tuple[int, str], object]] = []
+        deliver = feed._news.deliver
+
+        def recording(e):
+            delivered.append(((threading.get_ident(), threading.current_thread().name), e))
+            deliver(e)
+
+        feed._news.deliver = recording  # the instance attribute shadows the method; Feed looks it up per event
+
+        on_loop = MetricsSample(1.0, 10.0, 7.0, {})
+        feed(on_loop)
+        assert delivered == [(loop_thread, on_loop)], "an event sent on the loop is delivered at once, there"
+        assert feed.state.rate == 7.0
+
+        sent = [MetricsSample(2.0 + k, 10.0, 40.0 + k, {}) for k in range(5)]
+        senders: list[tuple[int, str]] = []
+
+        def send():
+            senders.append((threading.get_ident(), threading.current_thread().name))
+            for e in sent:
+                feed(e)
+
+        th = threading.Thread(target=send, name="handbook-test-sender")
         th.start()
-        th.join()
+        th.join()  # the loop is blocked here: a hand-over cannot have run yet, a delivery on the sender can
+        assert senders and senders[0] != loop_thread
+        assert delivered == [(loop_thread, on_loop)], "an event from another thread was delivered on that thread"
         with anyio.fail_after(5):
-            while feed.state.rate != 42.0:  # noqa: ASYNC110 - the hand-over to the loop is what is tested
+            while len(delivered) < 1 + len(sent):  # noqa: ASYNC110 - the hand-over to the loop is what is tested
                 await anyio.sleep(0.01)
+        assert delivered[1:] == [(loop_thread, e) for e in sent], "delivered on the loop, in the order sent"
+        assert feed.state.rate == 44.0
 
 
 async def test_page_loads_nothing_from_the_network_and_forbids_inline_handlers(tmp_path):
