@@ -21,7 +21,7 @@ import orjson
 from .config import Backend
 from .errors import BackendError, ConfigError
 from .reply import ANSWERS, FINISH_SYNONYMS, Reply
-from .sse import StreamState, Watch, read_events
+from .sse import MalformedStream, StreamState, Watch, read_events
 from .sseproto import ConnectError, Pool, on_asyncio, usable
 
 
@@ -38,6 +38,7 @@ class BackendClient:
         connect_timeout: float = 10.0,
         first_token_timeout: float = 120.0,
         chunk_timeout: float = 60.0,
+        request_timeout: float = 1800.0,
     ):
         self.backend = backend
         self.url = backend.url
@@ -49,6 +50,7 @@ class BackendClient:
         self._connect_timeout = connect_timeout
         self._first_timeout = first_token_timeout
         self._chunk_timeout = chunk_timeout
+        self._request_timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # the hot path's own connections (sseproto), where they apply
         self._watches: set[Watch] = set()
@@ -80,13 +82,15 @@ class BackendClient:
             self._session = None
 
     async def watchdog(self) -> None:
-        """Cancel streams that wait too long for their first token or between chunks. Runs until cancelled."""
+        """Cancel streams that wait too long for their first token or between chunks, or that last longer than
+        any request may (a server that drips tokens just inside the chunk timeout, for ever). Runs until
+        cancelled."""
         while True:
             await anyio.sleep(0.5)
             now = time.monotonic()
             for w in list(self._watches):
                 limit = self._chunk_timeout if w.first else self._first_timeout
-                if now - w.last > limit:
+                if now - w.last > limit or now - w.start > self._request_timeout:
                     w.scope.cancel()
 
     async def probe(self, on_listening: Callable[[], None] | None = None) -> bool:
@@ -180,7 +184,7 @@ class BackendClient:
         """Stream one chat completion. Every failure comes back as a Reply with ``error`` set."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
-        st = StreamState()
+        st = StreamState(body.get("max_tokens"))
         watch: Watch | None = None
         try:
             with anyio.CancelScope() as scope:
@@ -188,6 +192,9 @@ class BackendClient:
                 self._watches.add(watch)
                 return await self._stream(body, attempt, on_delta, t0, st, watch)
             # Only reached when the watchdog cancelled the scope.
+            if time.monotonic() - t0 > self._request_timeout:
+                return self._fail(t0, attempt, f"timed out: the request took longer than {self._request_timeout:g} s",
+                                  st, health=True)
             stage = "between chunks" if st.first is not None else "for the first token"
             return self._fail(t0, attempt, f"timed out waiting {stage}", st, health=True)
         except TimeoutError:
@@ -205,8 +212,10 @@ class BackendClient:
             return self._fail(t0, attempt, f"connection failed: {_short(e.os_error or e)}", st, health=True)
         except (aiohttp.ClientError, OSError) as e:
             return self._fail(t0, attempt, f"connection error: {_short(e)}", st, health=True)
-        except (orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except MalformedStream as e:  # what the server sent (sse._fields, the stream caps); nothing of ours
             return self._fail(t0, attempt, f"malformed stream: {_short(e)}", st, health=True)
+        # Anything else is a fault of ours (a consumer of the deltas, the planner's stream, this client): it
+        # propagates, ends the job as an internal error and counts against no backend.
         finally:
             if watch is not None:
                 self._watches.discard(watch)
@@ -219,12 +228,7 @@ class BackendClient:
         # A pool retires when a response head could not be read (that request failed, as on aiohttp's path, and is
         # not sent again): aiohttp carries this backend's later requests.
         if pool is not None and not pool.retired:
-            try:
-                got = await pool.post(data, st, watch, on_delta)
-            except _EXPECTED:
-                raise
-            except Exception as e:  # a fault of our own reader: a failed request, not a crashed job
-                return self._fail(t0, attempt, f"connection error: {type(e).__name__}: {_short(e)}", st, health=True)
+            got = await pool.post(data, st, watch, on_delta)
             if got.status != 200:
                 text = got.body[:500].decode("utf-8", "replace")
                 return self._http_error(got.status, got.retry_after, text, t0, attempt, st)
@@ -284,10 +288,6 @@ class BackendClient:
             attempt=attempt,
             **outcome,
         )
-
-
-# What chat() words itself; anything else the pool raises is worded in _stream.
-_EXPECTED = (aiohttp.ClientError, OSError, orjson.JSONDecodeError, ValueError, KeyError, TypeError, AttributeError)
 
 
 def auth_header(backend: Backend, key: str) -> str:

@@ -22,7 +22,16 @@ import anyio
 from .client import BackendClient, discover
 from .config import Backend, Settings, slugify, unique_backends
 from .dispatch import Dispatcher
-from .errors import BackendError, ConfigError, HandbookError, OutputError, unwrap
+from .errors import (
+    BackendError,
+    ConfigError,
+    HandbookError,
+    InternalError,
+    OutputError,
+    PlanError,
+    internal_error,
+    unwrap,
+)
 from .events import Event, ForecastReady, JobStarted
 from .finish import JobInfo, Planned, Result, draft_status, publish, save_book, save_plan, write_json
 from .fleet import Fleet
@@ -158,13 +167,27 @@ async def session(
             return await job.run(bk, usable)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
-        if inner is group:
-            raise
-        raise inner from None
+        if isinstance(inner, HandbookError | KeyboardInterrupt):
+            raise _ended(job, inner) from None
+        if isinstance(inner, Exception | BaseExceptionGroup):
+            raise _ended(job, internal_error(inner, out_dir)) from None
+        raise
+    except (HandbookError, KeyboardInterrupt) as e:
+        raise _ended(job, e) from None
+    except Exception as e:  # a bug of ours: one line, the traceback in OUT/handbook.log, no backend blamed
+        raise _ended(job, internal_error(e, out_dir)) from None
     finally:
         if job is not None:
             job.journal.end_run(job.status, job.requests)
             job.journal.close()
+
+
+def _ended(job: _Job | None, error: BaseException) -> BaseException:
+    """``error``, the job's end: a job that could not make its outline, or hit a bug of ours, failed; one whose
+    backends all went away was aborted (the journal's word for the run)."""
+    if job is not None and isinstance(error, PlanError | InternalError):
+        job.status = "failed"
+    return error
 
 
 @asynccontextmanager

@@ -23,25 +23,52 @@ _DONE = b"[DONE]"
 class Watch:
     """Last-activity stamp of one in-flight stream, checked by its client's watchdog."""
 
-    __slots__ = ("first", "last", "scope")
+    __slots__ = ("first", "last", "scope", "start")
 
     def __init__(self, scope: anyio.CancelScope, now: float):
         self.scope = scope
+        self.start = now
         self.last = now
         self.first = False
 
 
+class MalformedStream(Exception):
+    """What the server sent cannot be read as a chat completion stream: not JSON, fields of the wrong type, or more
+    than the request allows (a server that ignores ``max_tokens``). A fault of the server's: the client words it as
+    a failed attempt of that backend. Anything else raised while a stream is read (a consumer of ``on_delta``, our
+    own code) is not this, and propagates."""
+
+
+# A stream may run past its request's max_tokens by this margin, counted in content deltas (each carries one token
+# or more) or in completion tokens where the server reports them as it goes; past it the server is not honouring
+# max_tokens and the stream is cut. Bytes are capped too (events without content keep a stream alive as well):
+# vLLM's events are ~300 bytes a token at one token an event.
+TOKEN_MARGIN = 1.25
+TOKEN_SLACK = 16
+BYTES_PER_TOKEN = 2048
+BYTES_SLACK = 1 << 16
+CHARS_PER_TOKEN = 64  # the text itself: no tokenizer's token is this long
+
+
 class StreamState:
-    """What one attempt's stream has delivered so far: a failed attempt reports it too."""
+    """What one attempt's stream has delivered so far: a failed attempt reports it too. ``max_tokens``: the
+    request's; the stream is cut (MalformedStream) when it runs past it by more than the margin above."""
 
-    __slots__ = ("completion_tokens", "finish", "first", "parts", "prompt_tokens")
+    __slots__ = ("chars", "completion_tokens", "deltas", "finish", "first", "max_bytes", "max_chars", "max_deltas",
+                 "parts", "prompt_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None) -> None:
         self.parts: list[str] = []
         self.finish: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.first: float | None = None  # when the first content arrived
+        self.deltas = 0  # content deltas so far
+        self.chars = 0  # characters of content so far
+        limit = max(1, max_tokens) if isinstance(max_tokens, int) else 1 << 20
+        self.max_deltas = int(limit * TOKEN_MARGIN) + TOKEN_SLACK
+        self.max_chars = self.max_deltas * CHARS_PER_TOKEN
+        self.max_bytes = self.max_deltas * BYTES_PER_TOKEN + BYTES_SLACK
 
 
 class SseParser:
@@ -53,30 +80,40 @@ class SseParser:
     finish_reason, usage) after one orjson.loads. Events of several ``data:`` lines are joined with newlines as
     the SSE standard says; comments and other fields are skipped; nothing after ``[DONE]`` is read."""
 
-    __slots__ = ("append", "done", "lines", "on_delta", "pending", "st", "watch")
+    __slots__ = ("append", "done", "lines", "on_delta", "pending", "received", "st", "watch")
 
     def __init__(self, st: StreamState, watch: Watch, on_delta: Callable[[str], None] | None):
         self.st = st
         self.watch = watch
         self.on_delta = on_delta
         self.append = st.parts.append
-        self.pending = b""  # a line cut between two pieces
+        # A line cut between pieces: gathered in a bytearray (amortised linear, where joining bytes objects piece by
+        # piece is quadratic in a long line) and joined with the piece that ends it, once.
+        self.pending = bytearray()
         self.lines: list[bytes] | None = None  # the data lines of an event whose blank line has not come yet
         self.done = False  # [DONE] was read
+        self.received = 0  # bytes of the body so far
 
     def feed(self, data: bytes) -> bool:
         """Read one piece of the body; True once ``[DONE]`` was read (what follows it is ignored)."""
         if self.done:
             return True
+        self.received += len(data)
+        if self.received > self.st.max_bytes:
+            raise MalformedStream(f"the stream passed {self.st.max_bytes} bytes: the server is not honouring "
+                                  "max_tokens")
         if self.pending:
-            data = self.pending + data
-            self.pending = b""
+            if data.find(b"\n") < 0:
+                self.pending += data
+                return False
+            data = bytes(self.pending) + data
+            self.pending.clear()
         pos = 0
         while True:
             nl = data.find(b"\n", pos)
             if nl < 0:
                 if pos < len(data):
-                    self.pending = data[pos:]
+                    self.pending += memoryview(data)[pos:]
                 return False
             if data.startswith(_DATA, pos):
                 value = data[pos + 5:nl]
@@ -118,29 +155,64 @@ class SseParser:
         if payload.strip() == _DONE:
             self.done = True
             return True
-        obj = orjson.loads(payload)
-        choices = obj.get("choices")
-        if choices:
-            c = choices[0]
-            delta = c.get("delta")
-            if delta:
-                text = delta.get("content")
-                if text:
-                    watch = self.watch
-                    if not watch.first:
-                        watch.first = True
-                        self.st.first = watch.last
-                    self.append(text)
-                    if self.on_delta is not None:
-                        self.on_delta(text)
-            fr = c.get("finish_reason")
-            if fr:
-                self.st.finish = fr
-        usage = obj.get("usage")
-        if usage:
-            self.st.prompt_tokens = usage.get("prompt_tokens") or 0
-            self.st.completion_tokens = usage.get("completion_tokens") or 0
+        text, fr, usage = _fields(payload)
+        st = self.st
+        if usage is not None:
+            st.prompt_tokens, st.completion_tokens = usage
+        if text:
+            watch = self.watch
+            if not watch.first:
+                watch.first = True
+                st.first = watch.last
+            st.deltas += 1
+            st.chars += len(text)
+            if st.deltas > st.max_deltas or st.chars > st.max_chars or st.completion_tokens > st.max_deltas:
+                raise MalformedStream(f"the stream ran past max_tokens ({st.deltas} content deltas, "
+                                      f"{st.chars} characters): the server is not honouring max_tokens")
+            self.append(text)
+            if self.on_delta is not None:
+                self.on_delta(text)  # ours: whatever it raises propagates as it is
+        if fr:
+            st.finish = fr
         return False
+
+
+def _fields(payload: bytes) -> tuple[str | None, str | None, tuple[int, int] | None]:
+    """An event's content delta, finish reason and usage (prompt, completion tokens). Only this reads what the
+    server sent, and it checks every type it relies on: what does not fit raises MalformedStream, so that no
+    TypeError of ours is ever mistaken for a server's fault (or the other way round)."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError as e:
+        raise MalformedStream(f"an event is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise MalformedStream(f"an event is a JSON {type(obj).__name__}, not an object")
+    text = fr = None
+    choices = obj.get("choices")
+    if choices:
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise MalformedStream("an event's choices are not a list of objects")
+        c = choices[0]
+        delta = c.get("delta")
+        if delta:
+            if not isinstance(delta, dict):
+                raise MalformedStream("an event's delta is not an object")
+            text = delta.get("content")
+            if text is not None and not isinstance(text, str):
+                raise MalformedStream("an event's delta.content is not a string")
+        fr = c.get("finish_reason")
+        if fr is not None and not isinstance(fr, str):
+            raise MalformedStream("an event's finish_reason is not a string")
+    usage = obj.get("usage")
+    counts = None
+    if usage:
+        if not isinstance(usage, dict):
+            raise MalformedStream("an event's usage is not an object")
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            raise MalformedStream("an event's token counts are not whole numbers")
+        counts = (prompt, completion)
+    return text, fr, counts
 
 
 def _field_value(v: bytes) -> bytes:

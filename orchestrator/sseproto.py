@@ -11,7 +11,8 @@ It serves only plain ``http://`` URLs without a query, on asyncio, with httptool
 whose head cannot be parsed (a 101 Switching Protocols too) fails its request as aiohttp fails it (ClientResponseError:
 the request was sent, so it is never sent again) and retires the pool: the client sends later requests through
 aiohttp. Errors are raised as aiohttp's own (ServerDisconnectedError, ClientPayloadError, ClientResponseError) or
-``ConnectError``, so the client words them as it does for aiohttp.
+``ConnectError``, so the client words them as it does for aiohttp; what the SSE parser raises (``MalformedStream``
+for the server's data, anything else for ours) reaches the request as it was raised.
 """
 
 from __future__ import annotations
@@ -189,7 +190,9 @@ class _Conn(asyncio.BufferedProtocol):
             try:
                 if sse.feed(body) and self.waiter is not None and not self.waiter.done():
                     self.waiter.set_result(Response(200, True))
-            except Exception as e:  # malformed JSON, or on_delta raised: httptools re-raises it wrapped
+            except Exception as e:
+                # MalformedStream (the server's fault) or anything else (on_delta, our own code: not the server's,
+                # and it propagates as it is). httptools re-raises it wrapped; buffer_updated hands on this one.
                 self.error = e
                 raise
         elif len(self.body) < 500:

@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-from ..errors import ConfigError, HandbookError, unwrap
+from ..errors import ConfigError, HandbookError, InternalError, internal_error, unwrap
 
 SUBCOMMANDS = {
     "plan": ("orchestrator.cli.plan", "plan the book only: DIR/outline.md to review and edit, DIR/forecast.json"),
@@ -44,16 +44,20 @@ def main(argv: list[str] | None = None) -> int:
         return run_job_cli(argv)
     except BaseExceptionGroup as group:
         inner = unwrap(group)
-        if isinstance(inner, HandbookError):
-            print(f"handbook: error: {inner}", file=sys.stderr)
-            return inner.exit_code
         if isinstance(inner, KeyboardInterrupt):
             print("handbook: interrupted", file=sys.stderr)
             return 130
-        raise
+        return _say(inner if isinstance(inner, HandbookError) else internal_error(inner, None))
     except HandbookError as e:
-        print(f"handbook: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return _say(e)
     except KeyboardInterrupt:
         print("handbook: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug of ours outside a job (a job names its own OUT/handbook.log): one line too
+        return _say(internal_error(e, None))
+
+
+def _say(e: HandbookError) -> int:
+    """One line on stderr for our error; its exit code."""
+    print(f"handbook: {e}" if isinstance(e, InternalError) else f"handbook: error: {e}", file=sys.stderr)
+    return e.exit_code

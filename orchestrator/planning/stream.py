@@ -262,10 +262,9 @@ class Expansion:
     def on_delta(self, text: str) -> None:
         if not self.following:
             return
-        try:
-            self._advance(text)
-        except Exception:
-            self.following = False
+        # No try: a model's text cannot make _advance raise (TitleStream stalls on what it cannot read), so
+        # whatever it raises is a bug of ours, and it must end the job as one, not be retried on a server.
+        self._advance(text)
 
     def _advance(self, text: str) -> None:
         s = self.stream
