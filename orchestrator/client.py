@@ -78,8 +78,9 @@ class BackendClient:
             self._pool.close()
             self._pool = None
         if self._session is not None:
-            await self._session.close()
-            self._session = None
+            session, self._session = self._session, None
+            with anyio.CancelScope(shield=True):  # a cancel arriving now must not leave the session's sockets open
+                await session.close()
 
     async def watchdog(self) -> None:
         """Cancel streams that wait too long for their first token or between chunks, or that last longer than

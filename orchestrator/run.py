@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -415,21 +415,23 @@ def _warn_if_edited(out_dir: Path, outline: Outline) -> None:
                     "with: handbook write %s", out_dir / FILENAME, out_dir)
 
 
-class _clients:
-    def __init__(self, usable: list[tuple[Backend, str]], settings: Settings):
-        self.clients = [
-            BackendClient(
-                b, model, api_key=settings.api_key, connect_timeout=settings.connect_timeout_s,
-                first_token_timeout=settings.first_token_timeout_s, chunk_timeout=settings.chunk_timeout_s,
-            )
-            for b, model in usable
-        ]
-
-    async def __aenter__(self) -> list[BackendClient]:
-        for c in self.clients:
-            await c.__aenter__()
-        return self.clients
-
-    async def __aexit__(self, *exc: Any) -> None:
-        for c in self.clients:
-            await c.__aexit__(*exc)
+@asynccontextmanager
+async def _clients(usable: list[tuple[Backend, str]], settings: Settings) -> AsyncIterator[list[BackendClient]]:
+    """One entered BackendClient per backend. They are closed under a shielded scope, each whatever happened to
+    the others: a caller that cancels the job (``anyio.move_on_after`` around ``agenerate``) while they close
+    still gets every session and pooled connection closed, none left open in its process."""
+    clients = [
+        BackendClient(
+            b, model, api_key=settings.api_key, connect_timeout=settings.connect_timeout_s,
+            first_token_timeout=settings.first_token_timeout_s, chunk_timeout=settings.chunk_timeout_s,
+        )
+        for b, model in usable
+    ]
+    stack = AsyncExitStack()
+    try:
+        for c in clients:
+            await stack.enter_async_context(c)
+        yield clients
+    finally:
+        with anyio.CancelScope(shield=True):
+            await stack.aclose()
