@@ -274,6 +274,7 @@ class Pool:
         self._resolving: asyncio.Task[list[Addr]] | None = None  # the one lookup under way, shared by all waiters
         self.buffer = memoryview(bytearray(65536))
         self.retired = False
+        self.stale_retries = 0  # requests sent again because their kept-alive connection was closed under them
         self._idle: deque[_Conn] = deque()  # the oldest first: taken from the right, expired ones swept from the left
         self._all: set[_Conn] = set()
 
@@ -281,9 +282,26 @@ class Pool:
                    on_delta: Callable[[str], None] | None) -> Response:
         """Send one chat request and read its response into ``st``. Cancelled (the watchdog, the job), the
         connection is closed. After [DONE] the connection reads the rest of the body on its own, and goes back to
-        the pool at its end."""
-        conn = await self._acquire()
-        fut = conn.request(self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body, st, watch, on_delta)
+        the pool at its end.
+
+        A kept-alive connection that the server closes just as the request is written (its idle timeout and our
+        reuse crossing) fails before any byte of a response: the request is sent once more, on a new connection, as
+        httpcore and urllib3 do. That is no fault of the server's and no failed attempt. A new connection that
+        fails so, or any connection once a byte came back, fails the request as before."""
+        data = self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        conn, reused = await self._acquire()
+        try:
+            return await self._send(conn, data, st, watch, on_delta)
+        except aiohttp.ServerDisconnectedError:
+            if not reused or conn.received:
+                raise
+        self.stale_retries += 1
+        conn, _ = await self._acquire(fresh=True)
+        return await self._send(conn, data, st, watch, on_delta)
+
+    async def _send(self, conn: _Conn, data: bytes, st: StreamState, watch: Watch,
+                    on_delta: Callable[[str], None] | None) -> Response:
+        fut = conn.request(data, st, watch, on_delta)
         try:
             return await fut
         except BaseException:  # cancelled (or failed): nothing more is read from this connection ...
@@ -291,12 +309,13 @@ class Pool:
                 conn._abort()
             raise
 
-    async def _acquire(self) -> _Conn:
+    async def _acquire(self, *, fresh: bool = False) -> tuple[_Conn, bool]:
+        """A connection and whether it was kept alive from an earlier request; ``fresh``: a new one."""
         now = time.monotonic()
-        while self._idle:
+        while self._idle and not fresh:
             c = self._idle.pop()
             if not c.lost and now - c.idle_since < KEEPALIVE_S:
-                return c
+                return c, True
             c._abort()
         addrs: list[Addr] | None = None
         # Only a failure to connect forgets the addresses: cancelled from outside (the job, the watchdog), they may
@@ -304,7 +323,7 @@ class Pool:
         try:
             with anyio.fail_after(self.connect_timeout):  # TimeoutError: the client's "timed out connecting"
                 addrs = await self._resolve()
-                return await self._connect(addrs)
+                return await self._connect(addrs), False
         except OSError as e:  # TimeoutError too (an OSError): the next connection resolves the host again
             self._forget(addrs)
             if isinstance(e, TimeoutError):

@@ -259,3 +259,65 @@ def test_expired_idle_connections_close_on_release_and_closed_ones_leave_the_idl
     after_release, after_lost, _, old_sink, mid, new, fresh = asyncio.run(go())
     assert after_release == [mid, new, fresh] and old_sink.aborted
     assert after_lost == [new, fresh]
+
+
+def _closing_server(close_on: int, seen: list[int]):
+    """Answers requests on each connection, and closes the connection without a byte of answer when the
+    ``close_on``-th request on it arrives (1: every new connection's first; 2: a kept-alive one's next)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = 0
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+                n += 1
+                seen.append(n)
+                if n == close_on:
+                    return  # the idle timeout and our reuse crossing: closed under the request
+                writer.write(RESP)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return serve
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_kept_alive_connection_closed_under_a_request_sends_it_again_once_without_blame(loop):
+    seen: list[int] = []
+
+    async def go():
+        server = await asyncio.start_server(_closing_server(2, seen), "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            async with BackendClient(Backend(f"http://127.0.0.1:{port}/v1"), "m") as c:
+                first = await c.chat(c.body([], max_tokens=8, temperature=0))
+                second = await c.chat(c.body([], max_tokens=8, temperature=0))  # on the kept-alive connection
+                assert c._pool is not None
+                return first, second, c._pool.stale_retries
+
+    first, second, retries = anyio.run(go, backend_options=loop)
+    assert first.ok and second.ok, (first.error, second.error)
+    assert not second.health and second.error is None  # no failed attempt, nothing counted against the server
+    assert retries == 1
+    assert seen == [1, 2, 1]  # the second request was sent twice: on the stale connection, then on a new one
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_new_connection_closed_under_a_request_fails_it_and_is_not_sent_again(loop):
+    seen: list[int] = []
+
+    async def go():
+        server = await asyncio.start_server(_closing_server(1, seen), "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            async with BackendClient(Backend(f"http://127.0.0.1:{port}/v1"), "m") as c:
+                reply = await c.chat(c.body([], max_tokens=8, temperature=0))
+                assert c._pool is not None
+                return reply, c._pool.stale_retries
+
+    reply, retries = anyio.run(go, backend_options=loop)
+    assert not reply.ok and reply.health and (reply.error or "").startswith("stream cut")
+    assert retries == 0 and seen == [1]
