@@ -230,6 +230,7 @@ class _PlanRun:
         self.chapters: dict[tuple[int, int], str] = {}
         self.sections: dict[tuple[int, int], tuple[str, ...]] = {}
         self.chapter_lists: dict[int, tuple[str, ...]] = {}
+        self.parts_total: int | None = None  # pipeline mode: how many parts, once the book node has returned
         self.parts_done = 0
 
     async def run(self) -> Outline:
@@ -268,6 +269,8 @@ class _PlanRun:
             self.tg = tg
             root = await self._book(self._start_part)
             self.planner.emit(LevelPlanned(1, len(root.items), time.monotonic()))
+            self.parts_total = len(root.items)
+            self._parts_returned()
 
     async def _strict(self) -> None:
         emit = self.planner.emit
@@ -319,8 +322,16 @@ class _PlanRun:
             else:
                 self.chapters[(pi, ci)] = got.items[ci]
         self.parts_done += 1
-        if start is not None and self.parts_done == len(self.parts):
-            self.planner.emit(LevelPlanned(2, len(self.parts) * s.chapters, time.monotonic()))
+        if start is not None:
+            self._parts_returned()
+
+    def _parts_returned(self) -> None:
+        """Pipeline mode: announce level 2 once, when the book node and every one of its parts have returned.
+        Parts start (and, restored from the journal, may finish) while the book's reply still streams, so "every
+        part started so far has returned" is not enough; the count is the chapters the parts really kept."""
+        if self.parts_total is not None and self.parts_done == self.parts_total:
+            chapters = sum(len(v) for v in self.chapter_lists.values())
+            self.planner.emit(LevelPlanned(2, chapters, time.monotonic()))
 
     async def _chapter(self, pi: int, ci: int) -> None:
         assert self.book is not None
