@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
 import tomllib
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ class Backend:
     auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_field_types(self, "backend")
         url, auth = split_credentials(self.url)
         object.__setattr__(self, "url", normalise_url(url))
         if auth is not None:
@@ -67,6 +72,9 @@ class Settings:
     connect_timeout_s: float = 10.0
     first_token_timeout_s: float = 120.0
     chunk_timeout_s: float = 60.0
+    # a request that streams longer than this is cut (a server dripping tokens just inside chunk_timeout_s, for
+    # ever); far above any real section: 520 tokens at 5 tok/s per stream take under two minutes
+    request_timeout_s: float = 1800.0
     metrics_interval_s: float = 0.5
     interrupt_grace_s: float = 5.0  # after the first Ctrl-C, how long requests in flight may still finish
     all_down_timeout_s: float = 30.0  # every backend out of rotation this long -> stop (exit 3)
@@ -92,12 +100,26 @@ class Settings:
     typeset_while_writing: bool = True
 
     def __post_init__(self) -> None:
+        # Every path into Settings comes through here (Settings(...) by a library user, settings_from for the CLI's
+        # merged preset, job file, environment and flags, dataclasses.replace), so the types are checked here first:
+        # the range checks below may then assume them.
+        for name in ("templates", "ladder"):  # paths, given as text or as a path (kept as text: journaled)
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
+        check_field_types(self, "setting")
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):
             check_positive_int(name, getattr(self, name))
-        for name in ("connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "metrics_interval_s",
-                     "interrupt_grace_s", "all_down_timeout_s"):
+        # 0 would fail every connection, every request, or spin the sampler: more than 0
+        for name in ("connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "request_timeout_s",
+                     "metrics_interval_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
+            if not 0 < v < math.inf:
+                raise ConfigError(f"{name} must be a number of seconds more than 0, got {v!r}")
+        # 0 means something here: no grace after Ctrl-C; stop as soon as every backend is out of rotation
+        for name in ("interrupt_grace_s", "all_down_timeout_s"):
+            v = getattr(self, name)
+            if not 0 <= v < math.inf:
                 raise ConfigError(f"{name} must be a non-negative number of seconds, got {v!r}")
         if self.pages is not None:
             check_positive_int("pages", self.pages)
@@ -112,12 +134,11 @@ class Settings:
             raise ConfigError(f"profile must be one of {', '.join(PROFILE_NAMES)}; got {self.profile!r}")
         if self.planning is not None and self.planning not in PLANNING_STYLES:
             raise ConfigError(f"planning must be one of {', '.join(PLANNING_STYLES)}; got {self.planning!r}")
-        if self.system is not None and not isinstance(self.system, str):
-            raise ConfigError(f"system must be text, got {self.system!r}")
-        formats = tuple(self.formats)
+        formats = self.formats
         bad = [f for f in formats if f not in ("md", "html", "pdf")]
         if bad or not formats:
-            raise ConfigError(f"--format takes any of md,html,pdf; got {','.join(formats) or 'nothing'}")
+            raise ConfigError(f"setting 'formats' (--format): expected any of md,html,pdf; got "
+                              f"{','.join(formats) or 'nothing'}")
         if "md" not in formats:
             formats = ("md", *formats)  # book.md is always written: it is what everything else is made from
         object.__setattr__(self, "formats", formats)
@@ -178,6 +199,127 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 SETTING_NAMES = {f.name for f in fields(Settings)}
 JOB_KEYS = SETTING_NAMES | {"prompt", "backends", "backend", "out", "format", "preset"}
+
+
+# -- types: every field's value against the type its annotation declares ------------------------------------------
+#
+# Why a check driven by the dataclass fields rather than pydantic or msgspec: the annotations already say every
+# type, and the frozen dataclasses stay plain dataclasses (``replace``, ``fields``, ``public``, the library's
+# ``Settings(...)``) with no second schema to keep in step. pydantic is here only as openai's dependency (not ours
+# to lean on), coerces by default ("false" -> False, 2.0 -> 2) unless every model is made strict, costs a noticeable
+# import on every CLI start and words its errors over several lines; msgspec is not installed. What is needed is a
+# few kinds (bool, int, float, str, None, tuple/list of them), a one-line message naming the key, and no coercion:
+# well under a hundred lines. A field whose annotation uses a kind not handled here fails loudly (TypeError), and
+# tests/test_settings_types.py checks every field of Settings.
+
+_KINDS: dict[Any, str] = {
+    bool: "true or false (a bool)",
+    int: "a whole number (an int)",
+    float: "a number (a float)",
+    str: "text (a str)",
+    type(None): "None (not set)",
+}
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """The evaluated annotations of a dataclass (strings under ``from __future__ import annotations``), once."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _conforms(value: Any, tp: Any) -> bool:
+    """``value`` is of type ``tp``, without coercion: a bool is not an int, a str is not a bool, an int is a float.
+    The kinds handled: bool, int, float, str, None, Any, unions, tuple/list (a tuple field takes a list) and dict."""
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin in (tuple, list):  # a TOML array, a JSON list or a tuple: the same sequence
+        if not isinstance(value, tuple | list):
+            return False
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            return all(_conforms(x, args[0]) for x in value)
+        return len(value) == len(args) and all(_conforms(x, a) for x, a in zip(value, args, strict=True))
+    if origin is dict:  # a TOML table
+        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1])
+                                               for k, v in value.items())
+    raise TypeError(f"check_field_types does not handle the annotation {tp!r}")
+
+
+def _expected(tp: Any) -> str:
+    if tp in _KINDS:
+        return _KINDS[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_expected(a) for a in args)
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return f"a list of {_item(args[0])}"
+    if origin is tuple:
+        return f"a list of {len(args)}: {', '.join(_item(a) for a in args)}"
+    return repr(tp)
+
+
+def _item(tp: Any) -> str:
+    """An item type as a list's description names it: "str", "str or table"."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_item(a) for a in typing.get_args(tp))
+    if tp is dict or origin is dict:
+        return "table"
+    return getattr(tp, "__name__", repr(tp))
+
+
+def _shown(value: Any, secret: bool) -> str:
+    """A wrong value as a message shows it: its repr, shortened, credentials in URLs hidden; a secret only by type."""
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    if secret:
+        return f"a value hidden here ({article} {kind})"
+    text = re.sub(r"://[^/@\s'\"]*@", "://***@", repr(value))
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} ({article} {kind})"
+
+
+def check_field_types(obj: Any, label: str) -> None:
+    """Each field of the dataclass ``obj`` holds the type its annotation declares, else a one-line ConfigError
+    naming the field, the value and what was expected. A list given for a tuple field becomes that tuple (the
+    dataclasses are frozen and hashable). Fields with ``repr=False`` (keys, credentials) are never shown."""
+    hints = _field_types(type(obj))
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        tp = hints[f.name]
+        if not _conforms(value, tp):
+            raise ConfigError(f"{label} {f.name!r}: expected {_expected(tp)}, got {_shown(value, not f.repr)}")
+        if isinstance(value, list) and typing.get_origin(tp) is not list:
+            object.__setattr__(obj, f.name, tuple(value))
+
+
+# The job file's own keys (not settings): what each takes. backends/backend entries are checked by Backend.
+_JOB_KEY_TYPES: dict[str, Any] = {
+    "prompt": str,
+    "out": str,
+    "preset": str,
+    "format": str | list[str],
+    "backend": str | list[str | dict[str, Any]],
+    "backends": str | list[str | dict[str, Any]],
+}
 
 
 def _check_number(name: str, v: Any, low: float, high: float, *, low_open: bool = False) -> None:
@@ -272,6 +414,12 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
             line = _line_of_key(text, key)
             where = f" (line {line})" if line else ""
             raise ConfigError(f"unknown key {key!r} in {p}{where}; known keys: {', '.join(sorted(JOB_KEYS))}")
+        tp = _JOB_KEY_TYPES.get(key)
+        if tp is not None and not _conforms(data[key], tp):
+            line = _line_of_key(text, key)
+            where = f" (line {line})" if line else ""
+            raise ConfigError(f"job file {p}{where}: {key!r}: expected {_expected(tp)}, "
+                              f"got {_shown(data[key], False)}")
     return data
 
 
@@ -283,17 +431,24 @@ def _line_of_key(text: str, key: str) -> int | None:
     return None
 
 
-def settings_from(values: dict[str, Any], base: Settings | None = None) -> Settings:
-    """Build Settings from a mapping of known names (preset, job file and flags merged by the caller)."""
+def settings_from(values: Mapping[str, Any], base: Settings | None = None) -> Settings:
+    """Build Settings from a mapping of known names (preset, job file and flags merged by the caller).
+
+    A job's own keys that are not settings (``prompt``, ``backends``, ``out``...: JOB_KEYS) are the caller's and
+    left alone; any other key is a ConfigError naming it. A value None means "not given" (the default or ``base``
+    stays). ``formats`` may be one comma-separated string ("md,pdf", as --format takes it). Every other value must
+    already have its field's type: Settings checks them all (check_field_types), nothing is coerced."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"settings must be a mapping of names to values, got {_shown(values, False)}")
+    for key in values:
+        if key not in JOB_KEYS:
+            near = difflib.get_close_matches(str(key), sorted(SETTING_NAMES), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else f"; known settings: {', '.join(sorted(SETTING_NAMES))}"
+            raise ConfigError(f"unknown setting {key!r}{hint}")
     known = {k: v for k, v in values.items() if k in SETTING_NAMES and v is not None}
-    if "formats" in known and isinstance(known["formats"], str):
+    if isinstance(known.get("formats"), str):
         known["formats"] = tuple(x.strip() for x in known["formats"].split(",") if x.strip())
-    elif "formats" in known:
-        known["formats"] = tuple(known["formats"])
-    try:
-        return replace(base or Settings(), **known)
-    except TypeError as e:  # a wrongly typed value from TOML
-        raise ConfigError(f"bad setting: {e}") from None
+    return replace(base or Settings(), **known)
 
 
 def slugify(text: str, limit: int = 60) -> str:

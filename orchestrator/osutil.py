@@ -62,7 +62,10 @@ def prepare_out_dir(path: str | os.PathLike[str]) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:  # no folder to hold it (a file stands where the folder should)
+            pass
         if no_room(e):
             raise OutputError(f"cannot write to output directory {out}: {e.strerror or e}; free space and "
                               "rerun") from None

@@ -33,7 +33,7 @@ from .errors import (
     unwrap,
 )
 from .events import Event, ForecastReady, JobStarted
-from .finish import JobInfo, Planned, Result, draft_status, publish, save_book, save_plan, write_json
+from .finish import JobInfo, Planned, Result, publish, save_book, save_plan, write_json
 from .fleet import Fleet
 from .forecasting import StepFit
 from .forecasting import forecast as forecast_of
@@ -45,6 +45,7 @@ from .planning import Planner
 from .profiles import resolve_profile
 from .prompts import render
 from .sseproto import event_loop_options
+from .states import RunStatus, Stop, status_after
 from .timeline import Timeline
 from .writing import Writer, stopped_message
 
@@ -186,7 +187,7 @@ def _ended(job: _Job | None, error: BaseException) -> BaseException:
     """``error``, the job's end: a job that could not make its outline, or hit a bug of ours, failed; one whose
     backends all went away was aborted (the journal's word for the run)."""
     if job is not None and isinstance(error, PlanError | InternalError):
-        job.status = "failed"
+        job.status = RunStatus.FAILED
     return error
 
 
@@ -278,7 +279,7 @@ class _Job:
         self.journal = journal
         self.deltas = deltas
         self.handle_sigint = handle_sigint
-        self.status = "aborted"
+        self.status: RunStatus = RunStatus.ABORTED
         self.requests = 0
         self.no_forecast: str | None = None
 
@@ -340,8 +341,8 @@ class _Job:
                 written = await writer.run(fleet, dispatcher, planner, sampler, outline=self.mode.outline,
                                            plan_only=self.mode.plan_only)
             except BaseException:
-                if writer.stop == "cancel":  # a second Ctrl-C: Interrupted
-                    self.status = "interrupted"
+                if writer.stop == Stop.CANCEL:  # a second Ctrl-C: Interrupted
+                    self.status = RunStatus.INTERRUPTED
                 raise
             self.requests = written.requests
         plan_levels = [n - r for n, r in zip(planner.level_requests, dispatcher.resumed_levels, strict=False)]
@@ -350,10 +351,10 @@ class _Job:
             raise journal.failure
         job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast, timeline)
         if self.mode.plan_only:
-            self.status = "planned" if written.outline is not None else draft_status(written.stop)
+            self.status = RunStatus.PLANNED if written.outline is not None else status_after(written.stop)
             with _output_errors(journal):
                 planned = save_plan(job, written, partial(self._plan_forecast, fits))
-            if written.stop == "all-down" and written.outline is None:
+            if written.stop == Stop.ALL_DOWN and written.outline is None:
                 raise BackendError(stopped_message(journal, str(written.all_down_error)))
             return planned
         with _output_errors(journal):
@@ -362,7 +363,7 @@ class _Job:
         journal.end_run(self.status, self.requests)
         with _output_errors(journal):
             result = await publish(job, draft, bus, background)
-        if written.stop == "all-down":
+        if written.stop == Stop.ALL_DOWN:
             raise BackendError(stopped_message(journal, str(written.all_down_error)))
         return result
 
@@ -424,6 +425,7 @@ async def _clients(usable: list[tuple[Backend, str]], settings: Settings) -> Asy
         BackendClient(
             b, model, api_key=settings.api_key, connect_timeout=settings.connect_timeout_s,
             first_token_timeout=settings.first_token_timeout_s, chunk_timeout=settings.chunk_timeout_s,
+            request_timeout=settings.request_timeout_s,
         )
         for b, model in usable
     ]

@@ -36,7 +36,7 @@ OnEvent = Callable[[Event], None] | Sequence[Callable[[Event], None]] | None
 # What `handbook write` may change in the settings a plan was made with: how to reach the backends and what to
 # make of the book, never what the sections are asked (that would make every journaled section a different one).
 WRITE_OVERRIDES = frozenset({
-    "api_key", "cap", "attempts", "connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s",
+    "api_key", "cap", "attempts", "connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "request_timeout_s",
     "metrics_interval_s", "interrupt_grace_s", "all_down_timeout_s", "formats", "ladder", "forecast", "timeline",
     "typeset_while_writing",
 })

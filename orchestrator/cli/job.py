@@ -78,6 +78,8 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attempts", type=positive_int, help="attempts per request (default 8)")
     p.add_argument("--first-token-timeout", type=float, metavar="S", help="seconds to wait for a first token")
     p.add_argument("--chunk-timeout", type=float, metavar="S", help="seconds to wait between streamed chunks")
+    p.add_argument("--request-timeout", type=positive_float, metavar="S",
+                   help="seconds one request may stream in all before it is cut (default 1800)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     p.add_argument("--timeline", action="store_true",
                    help="also write OUT/timeline.png (in-flight streams per card, planning requests and their "
@@ -145,6 +147,7 @@ def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], A
         "chapters": args.chapters, "sections": args.sections, "words": args.words,
         "max_tokens": args.max_tokens, "temperature": args.temperature, "attempts": args.attempts,
         "first_token_timeout_s": args.first_token_timeout, "chunk_timeout_s": args.chunk_timeout,
+        "request_timeout_s": args.request_timeout,
         "templates": args.templates, "out": args.out, "profile": args.profile, "top_p": args.top_p,
         "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
         "system": args.system, "planning": args.planning, "finish_truncated": args.finish_truncated or None,

@@ -24,8 +24,8 @@ from .job import (
 
 # flag -> the setting it overrides (the only ones `write` may change: stepwise.WRITE_OVERRIDES)
 _FLAGS = {"api_key": "api_key", "cap": "cap", "attempts": "attempts", "first_token_timeout": "first_token_timeout_s",
-          "chunk_timeout": "chunk_timeout_s", "format": "formats", "ladder": "ladder", "forecast": "forecast",
-          "timeline": "timeline"}
+          "chunk_timeout": "chunk_timeout_s", "request_timeout": "request_timeout_s", "format": "formats",
+          "ladder": "ladder", "forecast": "forecast", "timeline": "timeline"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
