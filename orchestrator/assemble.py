@@ -15,8 +15,9 @@ from markdown_it import MarkdownIt
 from .cutback import cut_back
 from .outline import Outline, SectionRef
 from .repair import norm_title
+from .states import Missing
 
-INTERRUPTED = "interrupted before it was written"
+INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
 
 
 @dataclass(frozen=True)
@@ -36,17 +37,17 @@ class SectionText:
     finish_reason: str | None = None
     completion_tokens: int = 0
     backend: str | None = None
-    error: str | None = None
+    error: str | None = None  # why every attempt failed, or a Missing: it was never asked for
     repaired_from: str | None = None
 
     @property
     def failed(self) -> bool:
-        return self.error is not None and self.error != INTERRUPTED
+        return self.error is not None and self.error != Missing.INTERRUPTED
 
     @property
     def interrupted(self) -> bool:
         """Not written because the run was stopped (Ctrl-C) first: not a failure; a rerun writes it."""
-        return self.error == INTERRUPTED
+        return self.error == Missing.INTERRUPTED
 
     @property
     def empty(self) -> bool:
@@ -165,7 +166,7 @@ def _section_body(s: SectionText) -> str:
     return close_fences(demote_headings(text, drop_title=s.title))
 
 
-def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = "not written") -> Book:
+def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:
     """Place every section under its part and chapter, in outline order. A failed section is marked visibly; a
     section absent from ``sections`` is marked with ``missing`` (INTERRUPTED when the run was stopped). A text
     written for another title is never placed under this one: it counts as not written."""
@@ -177,7 +178,7 @@ def assemble(outline: Outline, sections: dict[str, SectionText], missing: str = 
     return Book(outline=outline, sections=tuple(ordered), markdown="\n".join(out).rstrip() + "\n")
 
 
-def section_markdown(title: str, s: SectionText | None, missing: str = "not written") -> str:
+def section_markdown(title: str, s: SectionText | None, missing: Missing = Missing.NOT_WRITTEN) -> str:
     """One section as :func:`assemble` writes it into book.md under the outline's ``title``: what typesetting
     while writing lays out as soon as the section is in (typeset/background.py)."""
     if s is None or s.title != title:
@@ -194,7 +195,7 @@ def _section_lines(title: str, s: SectionText) -> list[str]:
     return out
 
 
-def _part_lines(outline: Outline, pi: int, sections: dict[str, SectionText], missing: str,
+def _part_lines(outline: Outline, pi: int, sections: dict[str, SectionText], missing: Missing,
                 refs: dict[str, SectionRef], ordered: list[SectionText]) -> list[str]:
     part = outline.parts[pi - 1]
     out = [f"## {part.title}", ""]

@@ -23,6 +23,7 @@ from .fleet import Fleet
 from .journal import Journal, StoredNode
 from .outline import level_of
 from .reply import Reply
+from .states import NodeKind
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class _Node(Generic[T]):
     """One node on its way through the Dispatcher: what every attempt needs, and how many were made so far."""
 
     path: str
-    kind: str
+    kind: NodeKind
     title: str
     build: Callable[[BackendClient, int], dict[str, Any]]
     validate: Callable[[Reply], T] | None
@@ -86,14 +87,14 @@ class Dispatcher:
 
     @overload
     async def run(
-        self, path: str, kind: str, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
+        self, path: str, kind: NodeKind, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
         validate: None = None, priority: tuple[int, int] = (1, 0), *, on_delta: Callable[[str], None] | None = None,
         restore: None = None, keep: None = None, journaled: bool = True,
     ) -> Outcome[None]: ...
 
     @overload
     async def run(
-        self, path: str, kind: str, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
+        self, path: str, kind: NodeKind, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
         validate: Callable[[Reply], T], priority: tuple[int, int] = (1, 0), *,
         on_delta: Callable[[str], None] | None = None, restore: Callable[[StoredNode], T | None] | None = None,
         keep: Callable[[T], Any] | None = None, journaled: bool = True, context: Any = None,
@@ -102,7 +103,7 @@ class Dispatcher:
     async def run(
         self,
         path: str,
-        kind: str,
+        kind: NodeKind,
         title: str,
         build: Callable[[BackendClient, int], dict[str, Any]],
         validate: Callable[[Reply], T] | None = None,

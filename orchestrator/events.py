@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .outline import Outline
     from .reply import Reply
+    from .states import NodeKind
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class NodeStarted:
     """An attempt at a node began on a backend (kind: book, part, chapter, section)."""
 
     path: str
-    kind: str
+    kind: NodeKind
     title: str
     backend: str
     attempt: int
@@ -50,7 +51,7 @@ class NodeFinished:
     """A node's reply was accepted."""
 
     path: str
-    kind: str
+    kind: NodeKind
     title: str
     reply: Reply
     t: float
@@ -61,7 +62,7 @@ class NodeFailed:
     """An attempt failed. ``final`` is True when no attempt is left: the node is lost for this run."""
 
     path: str
-    kind: str
+    kind: NodeKind
     title: str
     backend: str
     attempt: int

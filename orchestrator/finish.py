@@ -18,12 +18,13 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from .assemble import INTERRUPTED, Book, assemble
+from .assemble import Book, assemble
 from .config import Settings
 from .events import Event, JobFinished
 from .osutil import atomic_write
 from .outline import Outline
 from .report import JobRecord, build_stats
+from .states import Missing, RunStatus, Stop, status_after
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -88,8 +89,8 @@ class Draft:
     defects: dict[str, Any] | None
     paths: dict[str, Path]
     failed: tuple[str, ...]  # failed or empty sections
-    stop: str | None  # why the writing ended early and left something missing (see Written.stop)
-    status: str
+    stop: Stop | None  # why the writing ended early and left something missing (see Written.stop)
+    status: RunStatus
 
     @property
     def complete(self) -> bool:
@@ -100,8 +101,8 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     """Assemble the book and write book.md, outline.json, defects.json/.md and stats.json."""
     stop = written.stop
     outline = written.outline or Outline(title=job.prompt)  # stopped while planning: a title at most
-    book = assemble(outline, written.sections, INTERRUPTED if stop == "interrupt" else "not written")
-    if stop == "interrupt" and written.t_titles is not None and len(written.sections) == len(book.sections):
+    book = assemble(outline, written.sections, Missing.INTERRUPTED if stop == Stop.INTERRUPT else Missing.NOT_WRITTEN)
+    if stop == Stop.INTERRUPT and written.t_titles is not None and len(written.sections) == len(book.sections):
         stop = None  # Ctrl-C came when every section was already in: nothing is missing
     if stop is not None:
         markdown = _mark_incomplete(book.markdown, stop, len(written.sections), len(book.sections),
@@ -110,7 +111,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     paths = _write_outputs(job.out_dir, book, outline)
     t_end = time.monotonic()
     failed = tuple(s.path for s in book.sections if s.failed or s.empty)
-    status = "incomplete" if failed and stop is None else draft_status(stop)
+    status = RunStatus.INCOMPLETE if failed and stop is None else status_after(stop)
 
     defects = _write_defects(job.out_dir, book, paths)
     record = JobRecord(
@@ -139,11 +140,6 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
     return Draft(book, record, stats, defects, paths, failed, stop, status)
 
 
-def draft_status(stop: str | None) -> str:
-    """The journal's word for a run that ended early for ``stop`` (None: it did not)."""
-    return {None: "complete", "all-down": "aborted"}.get(stop, "interrupted")
-
-
 def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict[str, Any]]) -> Planned:
     """outline.md, outline.json and forecast.json of a plan-only run (`handbook plan`). An outline.md a person
     already edited is kept, never overwritten by a rerun: the forecast is then of the outline as edited."""
@@ -151,7 +147,7 @@ def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict
 
     planned = written.outline
     if planned is None:  # stopped before the outline was whole: nothing to write
-        return Planned(None, None, {}, False, interrupted=written.stop == "interrupt")
+        return Planned(None, None, {}, False, interrupted=written.stop == Stop.INTERRUPT)
     # an unreadable outline.md is kept as it is (`handbook write` will say which line); the forecast is then of the
     # outline as planned
     edited, mine = edits_in(job.out_dir, planned)
@@ -163,7 +159,7 @@ def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict
         "forecast": write_json(job.out_dir / "forecast.json", fc),
         **_write_timeline(job, time.monotonic()),
     }
-    return Planned(outline, fc, paths, True, interrupted=written.stop == "interrupt", kept_edits=edited)
+    return Planned(outline, fc, paths, True, interrupted=written.stop == Stop.INTERRUPT, kept_edits=edited)
 
 
 def write_json(path: Path, data: Any) -> Path:
@@ -183,7 +179,7 @@ async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None],
         _write_stats(job.out_dir, stats, draft.paths)
     bus(JobFinished(stats, draft.complete, time.monotonic()))
     return Result(draft.book.markdown, draft.book.outline, stats, draft.defects, draft.paths, draft.complete,
-                  draft.failed, interrupted=draft.stop == "interrupt", typeset_error=typeset_error)
+                  draft.failed, interrupted=draft.stop == Stop.INTERRUPT, typeset_error=typeset_error)
 
 
 async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: JobRecord,
@@ -212,13 +208,17 @@ async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: Job
                    typeset_cpu_s=layout_split(list(info.layout), record.t_write_end) if info.layout else None)
 
 
-def _mark_incomplete(markdown: str, reason: str, written: int, total: int, planned: bool) -> str:
-    why = {"interrupt": "the run was interrupted", "all-down": "every backend stopped answering"}.get(reason, reason)
+def _mark_incomplete(markdown: str, reason: Stop, written: int, total: int, planned: bool) -> str:
+    why = _WHY[reason]
     what = f"{written} of {total} sections are written" if planned else "the outline was not finished"
     note = (f"> **Incomplete:** {why}; {what}. Rerun the same command to resume from the journal "
             f"(journal.sqlite).\n")
     head, _, rest = markdown.partition("\n")
     return f"{head}\n\n{note}\n{rest.lstrip()}"
+
+
+_WHY = {Stop.INTERRUPT: "the run was interrupted", Stop.CANCEL: "the run was stopped",
+        Stop.ALL_DOWN: "every backend stopped answering", Stop.OUTPUT: "the journal could not be written"}
 
 
 def _write_outputs(out_dir: Path, book: Book, outline: Outline) -> dict[str, Path]:

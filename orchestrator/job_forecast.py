@@ -22,6 +22,7 @@ from .journal import FILENAME as JOURNAL_FILE
 from .journal import Journal
 from .journal_schema import peek_job
 from .outline import Outline
+from .states import NodeKind
 
 __all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "written_paths"]
 
@@ -97,7 +98,7 @@ def written_paths(outline: Outline, journal: Journal, settings: Settings) -> set
     """The sections of ``outline`` the journal answers (same title and context): no time or tokens in a forecast of
     this run, but pages in the book."""
     return {ref.path for ref in outline.sections()
-            if journal.get(ref.path, "section", ref.title, ref.context(ref.words or settings.words)) is not None}
+            if journal.get(ref.path, NodeKind.SECTION, ref.title, ref.context(ref.words or settings.words)) is not None}
 
 
 def forecast_json(forecast: Forecast, budget: Budget | None) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from .errors import ConfigError, OutputError
 from .journal_schema import dumps, open_db
 from .outline import Outline
 from .reply import Reply
+from .states import NodeKind, RunStatus
 
 FILENAME = "journal.sqlite"
 
@@ -55,7 +56,7 @@ def resume_key(prompt: str, settings: Any) -> dict[str, Any]:
 @dataclass(frozen=True)
 class StoredNode:
     path: str
-    kind: str
+    kind: NodeKind
     title: str
     text: str
     finish_reason: str | None
@@ -68,7 +69,7 @@ class StoredNode:
     @property
     def context(self) -> Any:
         """A section's request context as journaled (``SectionRef.context``), None for older or planning nodes."""
-        return self.value.get("context") if self.kind == "section" and isinstance(self.value, dict) else None
+        return self.value.get("context") if self.kind == NodeKind.SECTION and isinstance(self.value, dict) else None
 
     def reply(self) -> Reply:
         """The stored answer as a Reply (timed now: the original run's clock means nothing to this one)."""
@@ -166,8 +167,8 @@ class Journal:
             nodes = {}
             for row in conn.execute(f"SELECT {_NODE_COLUMNS} FROM nodes"):
                 path_, kind, title, text, finish, prompt_tokens, completion_tokens, backend, attempts, value = row
-                nodes[path_] = StoredNode(path_, kind, title, text, finish, prompt_tokens, completion_tokens, backend,
-                                          attempts, orjson.loads(value) if value else None)
+                nodes[path_] = StoredNode(path_, NodeKind(kind), title, text, finish, prompt_tokens, completion_tokens,
+                                          backend, attempts, orjson.loads(value) if value else None)
             committed = {
                 p: (label, Committed(title, tuple(orjson.loads(items))))
                 for p, label, title, items in conn.execute("SELECT path, label, title, items FROM committed")
@@ -175,8 +176,8 @@ class Journal:
             with conn:
                 conn.execute(_DISPLACED_TABLE)  # added to schema 2 as it stands: an older file gains it here
             displaced = tuple(
-                StoredNode(_DISPLACED_PATH, kind, title, text, finish, prompt_tokens, completion_tokens, backend,
-                           attempts, orjson.loads(value) if value else None)
+                StoredNode(_DISPLACED_PATH, NodeKind(kind), title, text, finish, prompt_tokens, completion_tokens,
+                           backend, attempts, orjson.loads(value) if value else None)
                 for kind, title, text, finish, prompt_tokens, completion_tokens, backend, attempts, value
                 in conn.execute(f"SELECT {_NODE_COLUMNS.removeprefix('path, ')} FROM displaced")
             )
@@ -185,8 +186,8 @@ class Journal:
                 _give_context(nodes, outline, settings.words)
             with conn:
                 cur = conn.execute(
-                    "INSERT INTO runs (started_at, status, resumed) VALUES (?, 'running', ?)",
-                    (time.time(), sum(1 for n in nodes.values() if n.kind == "section")),
+                    "INSERT INTO runs (started_at, status, resumed) VALUES (?, ?, ?)",
+                    (time.time(), RunStatus.RUNNING, sum(1 for n in nodes.values() if n.kind == NodeKind.SECTION)),
                 )
             run_id = cur.lastrowid
             assert run_id is not None  # an INSERT's row
@@ -208,7 +209,7 @@ class Journal:
 
     # -- reading ------------------------------------------------------------------------------------------------
 
-    def get(self, path: str, kind: str, title: str, context: Any = None) -> StoredNode | None:
+    def get(self, path: str, kind: NodeKind, title: str, context: Any = None) -> StoredNode | None:
         """The finished node written for this very node: at ``path`` with the same kind *and* title (a node
         re-planned under another title is another node; its old text must not land under the new heading). With a
         ``context`` (sections: what the request is made from besides the title), a node stored with another
@@ -252,7 +253,7 @@ class Journal:
         self._write("INSERT OR REPLACE INTO committed (path, label, title, items) VALUES (?, ?, ?, ?)",
                     (path, label, title, dumps(list(items))))
 
-    def record(self, path: str, kind: str, title: str, reply: Reply, attempts: int, value: Any = None) -> None:
+    def record(self, path: str, kind: NodeKind, title: str, reply: Reply, attempts: int, value: Any = None) -> None:
         """Commit one finished node (``value``: a planning node's accepted titles, as JSON-able data)."""
         self._write_many([
             (_DISPLACE, (path,)),
@@ -272,19 +273,19 @@ class Journal:
         if not self._ok:
             return
         self.written += 1
-        if kind == "section":
+        if kind == NodeKind.SECTION:
             self.written_sections += 1
             self._written_paths.add(path)
 
     @property
     def safe_sections(self) -> int:
         """Sections this journal holds (earlier runs' and this run's): what a rerun will not ask for again."""
-        return len({p for p, n in self.nodes.items() if n.kind == "section"} | self._written_paths)
+        return len({p for p, n in self.nodes.items() if n.kind == NodeKind.SECTION} | self._written_paths)
 
     def lost_message(self, what: str, why: str) -> str:
         """The one line of a job that cannot write ``what``: which file, why, what is safe, what to do."""
         fix = "free space and rerun to resume" if _no_room(why) else "fix that and rerun to resume"
-        planned = (sum(1 for n in self.nodes.values() if n.kind != "section") + self.written
+        planned = (sum(1 for n in self.nodes.values() if n.kind != NodeKind.SECTION) + self.written
                    - self.written_sections)
         outline = f" and {planned} outline node(s)" if planned and self.outline is None else ""
         return (f"cannot write {what}: {why}; {self.safe_sections} finished section(s){outline} are safe in "
@@ -305,7 +306,7 @@ class Journal:
             ),
         ])
 
-    def end_run(self, status: str, requests: int) -> None:
+    def end_run(self, status: RunStatus, requests: int) -> None:
         self._write("UPDATE runs SET ended_at = ?, status = ?, requests = ? WHERE id = ?",
                     (time.time(), status, requests, self.run_id))
 
@@ -355,7 +356,7 @@ def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) ->
     refs = {ref.path: ref for ref in outline.sections()}
     for path, node in nodes.items():
         ref = refs.get(path)
-        if node.kind == "section" and node.context is None and ref is not None and ref.title == node.title:
+        if node.kind == NodeKind.SECTION and node.context is None and ref is not None and ref.title == node.title:
             value = node.value if isinstance(node.value, dict) else {}
             nodes[path] = replace(node, value={**value, "context": ref.context(ref.words or words)})
 

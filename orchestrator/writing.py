@@ -25,7 +25,7 @@ from .client import BackendClient
 from .config import Settings
 from .dispatch import Dispatcher
 from .errors import Interrupted
-from .events import Event, NodeFinished, OutlineReady
+from .events import Event, LevelPlanned, NodeFinished, OutlineReady
 from .fleet import Fleet
 from .journal import Journal
 from .outline import Outline, SectionRef
@@ -35,6 +35,7 @@ from .prompts import book_phrase, render
 from .repair import loop_reason, norm_title
 from .reply import Reply
 from .report import BackendFigures
+from .states import NodeKind, Stop
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,13 +65,12 @@ class Written:
     t_write_end: float | None  # ... and the last section request answered (None: none was)
     server_counted: dict[str, Any] | None  # the servers' counters over the writing (None: nothing was written)
     fleet: tuple[BackendFigures, ...]  # one per backend, in fleet order
-    stop: str | None = None
+    stop: Stop | None = None
     all_down_error: str | None = None
 
 
 def stopped_message(journal: Journal, why: str) -> str:
-    done = sum(1 for n in journal.nodes.values() if n.kind == "section") + journal.written_sections
-    return f"{why}; {done} finished section(s) are in {journal.path}: rerun the same command to resume"
+    return f"{why}; {journal.safe_sections} finished section(s) are in {journal.path}: rerun the same command to resume"
 
 
 class Writer:
@@ -84,7 +84,7 @@ class Writer:
         self.bus = bus
         self.journal = journal
         self.handle_sigint = handle_sigint
-        self.stop: str | None = None
+        self.stop: Stop | None = None
         self.sections: dict[str, SectionText] = {}
         self.resumed_sections = 0
         self.t_write_start: float | None = None
@@ -126,12 +126,15 @@ class Writer:
                         pipelined = settings.pipeline
                     else:
                         pipelined = False  # the journal's outline: every section can go at once
+                        now = time.monotonic()
+                        for level, nodes in enumerate(outline.shape, 1):  # each level is known, once
+                            bus(LevelPlanned(level, nodes, now))
                     t_titles = planner.t_titles_known or time.monotonic()
                     bus(OutlineReady(outline, time.monotonic()))
                     if not pipelined and not plan_only:
                         for order, ref in enumerate(outline.sections()):
                             work.start_soon(self._section, dispatcher, ref, order)
-            if self.stop == "cancel":
+            if self.stop == Stop.CANCEL:
                 raise Interrupted(stopped_message(journal, "stopped at once (second Ctrl-C)"))
             await sampler.sample_once()
             bg.cancel_scope.cancel()
@@ -188,7 +191,7 @@ class Writer:
         # title and context (book, part, chapter, words: Dispatcher.run), wherever an edited outline moved it;
         # anything else is asked again. A stored section is taken as it was accepted (its repair note comes back).
         outcome = await dispatcher.run(
-            ref.path, "section", ref.title, build, check, priority=(1, order),
+            ref.path, NodeKind.SECTION, ref.title, build, check, priority=(1, order),
             restore=lambda stored: _accepted(stored.value), keep=lambda value: {**value, "context": context},
             context=context,
         )
@@ -205,7 +208,7 @@ class Writer:
             repaired_from=repaired,
         )
         if r.ok:
-            self.bus(NodeFinished(ref.path, "section", ref.title, r, time.monotonic()))
+            self.bus(NodeFinished(ref.path, NodeKind.SECTION, ref.title, r, time.monotonic()))
             # The text as book.md prints it and its shingles, made now while other sections are still being
             # written: assembling the book and counting its defects after the last one (which the PDF waits for)
             # then only join texts and compare shingles (~1 ms a section off the critical path).
@@ -227,7 +230,7 @@ class Writer:
                   {"role": "user", "content": "Finish the last sentence and end the section in one or two more "
                                               "sentences. Do not repeat anything."}]
         out = await dispatcher.run(
-            ref.path, "section", ref.title,
+            ref.path, NodeKind.SECTION, ref.title,
             lambda client, attempt: client.body(follow, max_tokens=CONTINUATION_TOKENS,
                                                 temperature=profile.temperature, sampling=profile.sampling()),
             priority=(1, 0), journaled=False,  # the section is journaled already; the finished text replaces it
@@ -238,14 +241,14 @@ class Writer:
         done = replace(first, text=first.text + joiner + out.reply.text.strip(),
                        completion_tokens=first.completion_tokens + out.reply.completion_tokens)
         value = {k: v for k, v in value.items() if k != "loop"}  # the check saw the first text, not this one
-        self.journal.record(ref.path, "section", ref.title, done, out.attempts + first.attempt, value)
+        self.journal.record(ref.path, NodeKind.SECTION, ref.title, done, out.attempts + first.attempt, value)
         return done
 
     async def _watch_all_down(self, fleet: Fleet, writing: anyio.CancelScope) -> None:
         """Every backend out of rotation for settings.all_down_timeout_s: stop writing (the journal is intact)."""
         await fleet.all_down.wait()
         if self.stop is None:
-            self.stop = "all-down"
+            self.stop = Stop.ALL_DOWN
         fleet.stop()
         writing.cancel()
 
@@ -256,7 +259,7 @@ class Writer:
         if self.journal.failure is None:
             await self._journal_failed.wait()
         if self.stop is None:
-            self.stop = "output"
+            self.stop = Stop.OUTPUT
         fleet.stop()
         seen = self.journal.failures
         with anyio.move_on_after(self.settings.interrupt_grace_s):
@@ -278,7 +281,7 @@ class Writer:
         try:
             async for _ in signals:
                 if self.stop is None:
-                    self.stop = "interrupt"
+                    self.stop = Stop.INTERRUPT
                     log.warning(
                         "interrupted: no new requests; waiting up to %g s for %d in flight, then writing what "
                         "exists (Ctrl-C again to stop at once)", self.settings.interrupt_grace_s, fleet.in_flight,
@@ -286,7 +289,7 @@ class Writer:
                     fleet.stop()
                     bg.start_soon(self._drain, fleet, writing)
                 else:
-                    self.stop = "cancel"
+                    self.stop = Stop.CANCEL
                     writing.cancel()
                     return
         finally:

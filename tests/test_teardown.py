@@ -8,6 +8,7 @@ import gc
 import os
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from orchestrator import Settings, agenerate
@@ -58,7 +59,7 @@ async def test_a_cancel_while_the_clients_close_leaves_no_socket_open(cards, tmp
     async def exit_as_cancelled(self, *exc):
         if not closed:
             outer.cancel()  # the caller gives up now, while the clients close ...
-            await anyio.sleep(0)  # ... and this is where an unshielded teardown would stop
+            await anyio.lowlevel.checkpoint()  # ... and this is where an unshielded teardown would stop
         closed.append(self.url)
         await real_exit(self, *exc)
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.lowlevel
 import orjson
 import pytest
 from aiohttp import web
@@ -76,7 +77,7 @@ async def endless_tokens(resp: web.StreamResponse) -> None:
     for i in range(10_000_000):
         await resp.write(_chunk(f" word{i % 10}"))
         if i % 64 == 0:
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
 
 async def endless_comments(resp: web.StreamResponse) -> None:
@@ -84,7 +85,7 @@ async def endless_comments(resp: web.StreamResponse) -> None:
     for i in range(400_000):
         await resp.write(b": keep-alive\n\n" if i % 2 else _chunk())
         if i % 64 == 0:
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
 
 async def dripping(resp: web.StreamResponse) -> None:

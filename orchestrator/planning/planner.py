@@ -39,6 +39,7 @@ from ..profiles import PROFILES, Profile
 from ..prompts import book_phrase, few_shot_messages, list_schema, render
 from ..repair import norm_title as norm
 from ..reply import Reply
+from ..states import NodeKind
 from .stream import Expansion
 from .titles import Titles, book_title_from_prompt, extract_titles, parse_titles
 
@@ -99,7 +100,7 @@ class _NodeRequest:
         p, s = self.planner.profile, self.planner.settings
         kind = self.name
         book = book_phrase(self.values.get("book") or self.planner.fallback_title)
-        title = self.values.get(kind, "") if kind != "book" else ""
+        title = self.values.get(kind, "") if kind != NodeKind.BOOK else ""
         ask = self.n + p.plan_extra
         return client.body(
             few_shot_messages(kind, ask, book, title, self.planner.templates, p.system),
@@ -176,7 +177,7 @@ class Planner:
         return await _PlanRun(self, on_section).run()
 
     async def node(
-        self, path: str, kind: str, label: str, n: int, want_title: bool, start_child: ChildStart | None = None,
+        self, path: str, kind: NodeKind, label: str, n: int, want_title: bool, start_child: ChildStart | None = None,
         **values: Any,
     ) -> tuple[Titles, int]:
         """Plan one node (``kind`` is also its prompt template). Returns its titles and how many children were
@@ -256,7 +257,8 @@ class _PlanRun:
     async def _book(self, start_part: ChildStart | None) -> Titles:
         pl = self.planner
         want_title = pl.profile.planning != "list"
-        root, started = await pl.node("", "book", pl.prompt, self.s.parts, want_title, start_part, request=pl.prompt)
+        root, started = await pl.node("", NodeKind.BOOK, pl.prompt, self.s.parts, want_title, start_part,
+                                      request=pl.prompt)
         if self.book is None:
             self.book = root.title or pl.fallback_title
         if start_part is not None:
@@ -312,7 +314,7 @@ class _PlanRun:
         # strict mode starts no child while a reply streams, even for titles restored from the journal
         start = partial(self._start_chapter, pi) if self.tg is not None else None
         got, started = await self.planner.node(
-            f"{pi + 1}", "part", part, s.chapters, False, start,
+            f"{pi + 1}", NodeKind.PART, part, s.chapters, False, start,
             request=self.planner.prompt, book=book, part=part, index=pi + 1, count=s.parts, siblings=before,
         )
         self.chapter_lists[pi] = got.items
@@ -342,7 +344,7 @@ class _PlanRun:
         if s.pipeline and self.on_section is not None:
             stream = partial(self._start_section, book, part, cpath, chapter)
         got, started = await self.planner.node(
-            cpath, "chapter", chapter, s.sections, False, stream,
+            cpath, NodeKind.CHAPTER, chapter, s.sections, False, stream,
             request=self.planner.prompt, book=book, part=part, chapter=chapter, index=ci + 1, count=s.chapters,
             siblings=before,
         )
