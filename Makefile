@@ -73,6 +73,7 @@ demo: install engine harfbuzz
 bench: install
 	$(PY) benchmarks/typeset.py
 	$(PY) benchmarks/client_overhead.py
+	$(PY) benchmarks/sse_long_line.py
 	$(PY) benchmarks/published_take.py
 	$(PY) benchmarks/planning_levers.py
 	$(PY) benchmarks/one_process_ceiling.py

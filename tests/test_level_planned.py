@@ -20,7 +20,7 @@ from scripted_openai import Answer, Request, ScriptedServer, prose, titles
 
 from orchestrator import Settings, generate
 from orchestrator.errors import PlanError
-from orchestrator.events import LevelPlanned, NodeFinished
+from orchestrator.events import LevelPlanned, NodeFinished, OutlineReady
 from orchestrator.outline import Outline
 
 PROMPT = "A test book about running software"
@@ -62,12 +62,15 @@ def answer(req: Request, *, short: bool = False, book: Answer | None = None) -> 
 def assert_each_level_announced_once(events: list, outline: Outline, planned: bool = True) -> None:
     """Levels 1, 2, 3 announced once each, in order, each after every node of the level above finished, each
     with the outline's real count. ``planned=False``: the job took its outline from the journal and ran no
-    planner; it may announce nothing, but what it announces must be right."""
+    planner: each level is announced once all the same, with its real count, before the outline is ready (no
+    planning node finishes in such a run)."""
     levels = [(i, e) for i, e in enumerate(events) if isinstance(e, LevelPlanned)]
-    if not planned and not levels:
-        return
     assert [(e.level, e.nodes) for _, e in levels] == [(1, outline.shape[0]), (2, outline.shape[1]),
                                                         (3, outline.shape[2])]
+    if not planned:
+        ready = next(i for i, e in enumerate(events) if isinstance(e, OutlineReady))
+        assert all(i < ready for i, _ in levels)
+        return
     finished: dict[str, int] = {}  # path -> index of its planning node's (last) NodeFinished
     for i, e in enumerate(events):
         if isinstance(e, NodeFinished) and e.kind in ("book", "part", "chapter"):
