@@ -24,6 +24,8 @@ from .reply import ANSWERS, FINISH_SYNONYMS, Reply
 from .sse import MalformedStream, StreamState, Watch, read_events
 from .sseproto import ConnectError, Pool, on_asyncio, usable
 
+MIN_TOKENS_PER_S = 0.5  # the slowest decoding a request's deadline allows for (see BackendClient.deadline_for)
+
 
 class BackendClient:
     """One backend: a pooled aiohttp session for the hot path, a watchdog for first-token and between-chunk
@@ -91,7 +93,7 @@ class BackendClient:
             now = time.monotonic()
             for w in list(self._watches):
                 limit = self._chunk_timeout if w.first else self._first_timeout
-                if now - w.last > limit or now - w.start > self._request_timeout:
+                if now - w.last > limit or now - w.start > w.deadline:
                     w.scope.cancel()
 
     async def probe(self, on_listening: Callable[[], None] | None = None) -> bool:
@@ -121,6 +123,14 @@ class BackendClient:
         self.probe_failures += 1
         self.last_probe_reached_completion = True
         return False
+
+    def deadline_for(self, body: dict[str, Any]) -> float:
+        """Seconds a request may take in all: ``request_timeout``, or longer for a request allowed many tokens (at
+        MIN_TOKENS_PER_S, a floor no server that answers at all falls below), so that only a server that drips
+        tokens for ever reaches it."""
+        max_tokens = body.get("max_tokens")
+        tokens = max_tokens if isinstance(max_tokens, int) else 0
+        return max(self._request_timeout, self._first_timeout + tokens / MIN_TOKENS_PER_S)
 
     @property
     def structured(self) -> bool:
@@ -189,13 +199,14 @@ class BackendClient:
         watch: Watch | None = None
         try:
             with anyio.CancelScope() as scope:
-                watch = Watch(scope, t0)
+                watch = Watch(scope, t0, self.deadline_for(body))
                 self._watches.add(watch)
                 return await self._stream(body, attempt, on_delta, t0, st, watch)
             # Only reached when the watchdog cancelled the scope.
-            if time.monotonic() - t0 > self._request_timeout:
-                return self._fail(t0, attempt, f"timed out: the request took longer than {self._request_timeout:g} s",
-                                  st, health=True)
+            assert watch is not None
+            if time.monotonic() - t0 > watch.deadline:
+                return self._fail(t0, attempt, f"timed out: the request took longer than {watch.deadline:g} s", st,
+                                  health=True)
             stage = "between chunks" if st.first is not None else "for the first token"
             return self._fail(t0, attempt, f"timed out waiting {stage}", st, health=True)
         except TimeoutError:

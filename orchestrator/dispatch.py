@@ -167,7 +167,8 @@ class Dispatcher:
                 value = validate(stored.reply())
         except ValueError:
             return None
-        self.resumed[stored.kind] = self.resumed.get(stored.kind, 0) + 1
+        kind = stored.kind.value  # plain str keys: orjson writes no enum keys
+        self.resumed[kind] = self.resumed.get(kind, 0) + 1
         self.resumed_levels[level_of(stored.path)] += 1
         return Outcome(stored.reply(), value, 0)
 

@@ -135,7 +135,7 @@ class Journal:
         self._written_paths: set[str] = set()  # sections this run wrote, by path
         # A write that failed (a full disk): ``failure`` is the first, as the job's one-line error; ``failures``
         # counts them; ``on_failure`` (the Writer) is told of each, so that it stops asking for text it cannot keep.
-        self.failure: OutputError | None = None
+        self._failed_why: str | None = None
         self.failures = 0
         self.on_failure: Callable[[OutputError], None] | None = None
 
@@ -333,16 +333,41 @@ class Journal:
                 for sql, params in statements:
                     self._db.execute(sql, params)
         except (sqlite3.Error, OSError) as e:
+            # The database failing to store (full, read-only, an I/O error, a damaged file) is this; a wrong
+            # statement or parameter is a bug of ours and propagates.
+            if not _storage_failure(e):
+                raise
             self._ok = False
-            error = OutputError(self.lost_message(str(self.path), " ".join(str(e).split()) or type(e).__name__))
             self.failures += 1
-            if self.failure is None:
-                self.failure = error
+            if self._failed_why is None:
+                self._failed_why = " ".join(str(e).split()) or type(e).__name__
             if self.on_failure is not None:
-                self.on_failure(error)
+                self.on_failure(self.failure)  # type: ignore[arg-type]
             return
         self._ok = True
 
+    @property
+    def failure(self) -> OutputError | None:
+        """The job's one-line error once a write failed (None before), counting what is safe as it is asked for:
+        requests that were let finish after the first failure may have been kept."""
+        if self._failed_why is None:
+            return None
+        return OutputError(self.lost_message(str(self.path), self._failed_why))
+
+
+
+# SQLite's primary result codes for a database that cannot store what it is given (extended codes such as
+# SQLITE_IOERR_WRITE begin with these); anything else (SQLITE_ERROR: a wrong statement; SQLITE_MISUSE, SQLITE_RANGE,
+# SQLITE_CONSTRAINT) is a fault of the code that asked.
+_STORAGE_CODES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_CORRUPT",
+                  "SQLITE_NOTADB", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PERM", "SQLITE_NOMEM", "SQLITE_NOLFS")
+
+
+def _storage_failure(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return True
+    name = getattr(e, "sqlite_errorname", None) or ""
+    return name.startswith(_STORAGE_CODES)
 
 
 def _no_room(why: str) -> bool:

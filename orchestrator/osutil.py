@@ -92,7 +92,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.filename is None:  # a failed write() names no file: name the one that was being written
+        # a failed write() names no file, a failed open or rename the temporary copy: name the file being written
+        if e.filename is None or str(e.filename) == str(tmp):
             raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
     except BaseException:

@@ -363,6 +363,8 @@ class _Job:
         journal.end_run(self.status, self.requests)
         with _output_errors(journal):
             result = await publish(job, draft, bus, background)
+        if journal.failure is not None:  # the book is on disk, but the journal did not keep how the run ended
+            raise journal.failure
         if written.stop == Stop.ALL_DOWN:
             raise BackendError(stopped_message(journal, str(written.all_down_error)))
         return result

@@ -23,11 +23,12 @@ _DONE = b"[DONE]"
 class Watch:
     """Last-activity stamp of one in-flight stream, checked by its client's watchdog."""
 
-    __slots__ = ("first", "last", "scope", "start")
+    __slots__ = ("deadline", "first", "last", "scope", "start")
 
-    def __init__(self, scope: anyio.CancelScope, now: float):
+    def __init__(self, scope: anyio.CancelScope, now: float, deadline: float = float("inf")):
         self.scope = scope
         self.start = now
+        self.deadline = deadline  # seconds the whole request may take
         self.last = now
         self.first = False
 
@@ -39,10 +40,12 @@ class MalformedStream(Exception):
     own code) is not this, and propagates."""
 
 
-# A stream may run past its request's max_tokens by this margin, counted in content deltas (each carries one token
-# or more) or in completion tokens where the server reports them as it goes; past it the server is not honouring
-# max_tokens and the stream is cut. Bytes are capped too (events without content keep a stream alive as well):
-# vLLM's events are ~300 bytes a token at one token an event.
+# A stream may run past its request's max_tokens by this margin, counted in the completion tokens a server reports
+# as it goes (vLLM's continuous usage stats) or, where it reports none until the end, in characters of content (no
+# tokenizer's token is CHARS_PER_TOKEN long; content deltas are not counted, since a proxy may cut the text into
+# pieces smaller than a token); past it the server is not honouring max_tokens and the stream is cut. Bytes are
+# capped too (events without content keep a stream alive as well): vLLM's events are ~300 bytes a token at one
+# token an event.
 TOKEN_MARGIN = 1.25
 TOKEN_SLACK = 16
 BYTES_PER_TOKEN = 2048
@@ -54,8 +57,8 @@ class StreamState:
     """What one attempt's stream has delivered so far: a failed attempt reports it too. ``max_tokens``: the
     request's; the stream is cut (MalformedStream) when it runs past it by more than the margin above."""
 
-    __slots__ = ("chars", "completion_tokens", "deltas", "finish", "first", "max_bytes", "max_chars", "max_deltas",
-                 "parts", "prompt_tokens")
+    __slots__ = ("chars", "completion_tokens", "deltas", "finish", "first", "max_bytes", "max_chars", "max_reported",
+                 "max_tokens", "parts", "prompt_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.parts: list[str] = []
@@ -65,10 +68,11 @@ class StreamState:
         self.first: float | None = None  # when the first content arrived
         self.deltas = 0  # content deltas so far
         self.chars = 0  # characters of content so far
-        limit = max(1, max_tokens) if isinstance(max_tokens, int) else 1 << 20
-        self.max_deltas = int(limit * TOKEN_MARGIN) + TOKEN_SLACK
-        self.max_chars = self.max_deltas * CHARS_PER_TOKEN
-        self.max_bytes = self.max_deltas * BYTES_PER_TOKEN + BYTES_SLACK
+        self.max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1 << 20
+        allowed = int(self.max_tokens * TOKEN_MARGIN) + TOKEN_SLACK
+        self.max_reported = allowed  # completion tokens, as the server reports them
+        self.max_chars = allowed * CHARS_PER_TOKEN
+        self.max_bytes = allowed * BYTES_PER_TOKEN + BYTES_SLACK
 
 
 class SseParser:
@@ -166,9 +170,10 @@ class SseParser:
                 st.first = watch.last
             st.deltas += 1
             st.chars += len(text)
-            if st.deltas > st.max_deltas or st.chars > st.max_chars or st.completion_tokens > st.max_deltas:
-                raise MalformedStream(f"the stream ran past max_tokens ({st.deltas} content deltas, "
-                                      f"{st.chars} characters): the server is not honouring max_tokens")
+            if st.chars > st.max_chars or st.completion_tokens > st.max_reported:
+                raise MalformedStream(f"the stream ran past max_tokens {st.max_tokens} ({st.completion_tokens} tokens "
+                                      f"reported, {st.chars} characters in {st.deltas} deltas): the server is not "
+                                      "honouring max_tokens")
             self.append(text)
             if self.on_delta is not None:
                 self.on_delta(text)  # ours: whatever it raises propagates as it is
@@ -208,11 +213,17 @@ def _fields(payload: bytes) -> tuple[str | None, str | None, tuple[int, int] | N
     if usage:
         if not isinstance(usage, dict):
             raise MalformedStream("an event's usage is not an object")
-        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-        if not isinstance(prompt, int) or not isinstance(completion, int):
-            raise MalformedStream("an event's token counts are not whole numbers")
-        counts = (prompt, completion)
+        counts = (_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
     return text, fr, counts
+
+
+def _count(v: object) -> int:
+    """A token count: a whole number (a float that is one too, as some servers send), or none (0)."""
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and float(v).is_integer()):
+        raise MalformedStream(f"an event's token count is not a whole number: {v!r}")
+    return int(v)
 
 
 def _field_value(v: bytes) -> bytes:

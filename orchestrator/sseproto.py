@@ -38,6 +38,7 @@ try:
 except ImportError:  # pragma: no cover - a dependency; without it requests go through aiohttp
     httptools = None  # type: ignore[assignment]
 
+STALE_WINDOW_S = 1.0  # a kept-alive connection closed this soon after the write, with no answer: sent again once
 KEEPALIVE_S = 4.0  # an idle connection older than this is not reused: uvicorn (vLLM) closes them after 5 s
 
 
@@ -102,6 +103,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.lost = False
         self.busy = False
         self.idle_since = 0.0
+        self.sent_at = 0.0  # when the last request was written
         self._start(None, None, None)
 
     def _start(self, st: StreamState | None, watch: Watch | None, on_delta: Callable[[str], None] | None) -> None:
@@ -121,6 +123,7 @@ class _Conn(asyncio.BufferedProtocol):
                 on_delta: Callable[[str], None] | None) -> asyncio.Future[Any]:
         self._start(st, watch, on_delta)
         self.busy = True
+        self.sent_at = time.monotonic()
         self.waiter = asyncio.get_running_loop().create_future()
         assert self.transport is not None
         self.transport.write(data)
@@ -285,15 +288,18 @@ class Pool:
         the pool at its end.
 
         A kept-alive connection that the server closes just as the request is written (its idle timeout and our
-        reuse crossing) fails before any byte of a response: the request is sent once more, on a new connection, as
-        httpcore and urllib3 do. That is no fault of the server's and no failed attempt. A new connection that
-        fails so, or any connection once a byte came back, fails the request as before."""
+        reuse crossing) fails at once, before any byte of a response: the server closed a connection it held idle,
+        so it never read the request, which is sent once more on a new connection. That is no fault of the
+        server's and no failed attempt. A new connection that fails so, a kept-alive one that fails later than
+        STALE_WINDOW_S after the write (the server may have been working on it: a crash mid-prefill is the
+        server's fault, and sending the request again unasked would hide it), or any connection once a byte came
+        back, fails the request as before."""
         data = self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
         conn, reused = await self._acquire()
         try:
             return await self._send(conn, data, st, watch, on_delta)
         except aiohttp.ServerDisconnectedError:
-            if not reused or conn.received:
+            if not reused or conn.received or time.monotonic() - conn.sent_at > STALE_WINDOW_S:
                 raise
         self.stale_retries += 1
         conn, _ = await self._acquire(fresh=True)

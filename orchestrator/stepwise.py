@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -84,7 +84,10 @@ def write_settings(out_dir: Path, overrides: Settings | None = None,
     if refused:
         raise ConfigError(f"{', '.join(refused)} cannot change between `handbook plan` and `handbook write` (they "
                           f"decide what every section is asked); plan again with them, or edit {OUTLINE_FILE}")
-    base = settings_from(public)  # it takes the known names only
+    # A plan folder written by another version may hold a setting this one lacks: only the known names are taken
+    # (settings_from refuses an unknown one, as it must for a person's job file).
+    known = {f.name for f in fields(Settings)}
+    base = settings_from({k: v for k, v in public.items() if k in known})
     if overrides is not None:
         base = replace(base, **{k: getattr(overrides, k) for k in changed})
     return prompt, base

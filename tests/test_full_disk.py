@@ -80,7 +80,7 @@ def test_a_full_disk_stops_the_job_and_the_rerun_resumes(cards, small_disk):
     assert 0 < safe < SECTIONS
     # Dispatching stopped at once: what the servers were asked for is what was kept plus, at most, what was in
     # flight (CAP per card) and the outline's requests: not the whole book.
-    assert served <= PLANNING + safe + 2 * CAP + 2, (served, safe)
+    assert served <= PLANNING + safe + 2 * CAP + 4, (served, safe)
     for f in out.iterdir():  # nothing half-written, no temporary copy left behind
         assert ".tmp" not in f.name, f
         assert f.name.startswith("journal.sqlite") or f.stat().st_size > 0, f
@@ -170,3 +170,23 @@ def test_a_failed_write_leaves_the_file_that_stood(made, monkeypatch, capsys, na
         assert "free space and rerun to resume" in err
     else:
         assert "No space left on device" in err, err
+
+
+def test_a_wrong_statement_is_a_bug_not_a_full_disk(tmp_path):
+    """Only the database failing to store is a lost output; a statement or parameter of ours that is wrong
+    propagates (an internal error), and the journal takes the next write as before."""
+    import sqlite3
+
+    from orchestrator.config import Settings
+    from orchestrator.journal import Journal
+
+    j = Journal.open(tmp_path, "A prompt", Settings())
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            j._write("INSERT INTO nope VALUES (?)", (1,))
+        with pytest.raises(sqlite3.ProgrammingError):
+            j._write("INSERT INTO meta (key, value) VALUES (?, ?)", ("k", {}))
+        assert j.failure is None and j.failures == 0
+        j.set_meta("k", "v")
+    finally:
+        j.close()

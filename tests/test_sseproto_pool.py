@@ -321,3 +321,41 @@ def test_a_new_connection_closed_under_a_request_fails_it_and_is_not_sent_again(
     reply, retries = anyio.run(go, backend_options=loop)
     assert not reply.ok and reply.health and (reply.error or "").startswith("stream cut")
     assert retries == 0 and seen == [1]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_kept_alive_connection_closed_long_after_the_write_is_the_servers_fault(loop, monkeypatch):
+    """Closed with no answer later than the stale window after the write: the server may have been working on the
+    request (a crash mid-prefill), so it is a failed attempt, not sent again unasked."""
+    monkeypatch.setattr(sseproto, "STALE_WINDOW_S", 0.2)
+    seen: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = 0
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+                n += 1
+                seen.append(n)
+                if n == 2:
+                    await asyncio.sleep(0.5)  # working on it, then gone
+                    return
+                writer.write(RESP)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def go():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            async with BackendClient(Backend(f"http://127.0.0.1:{port}/v1"), "m") as c:
+                await c.chat(c.body([], max_tokens=8, temperature=0))
+                reply = await c.chat(c.body([], max_tokens=8, temperature=0))
+                assert c._pool is not None
+                return reply, c._pool.stale_retries
+
+    reply, retries = anyio.run(go, backend_options=loop)
+    assert not reply.ok and reply.health and retries == 0 and seen == [1, 2]

@@ -136,7 +136,7 @@ async def test_a_stream_past_max_tokens_is_cut_as_the_servers_fault(path):
             reply = await c.chat(c.body([{"role": "user", "content": "hi"}], max_tokens=100, temperature=0))
     assert not reply.ok and reply.health and reply.retryable
     assert "past max_tokens" in (reply.error or "")
-    assert len(reply.text.split()) <= 100 * 1.25 + 16  # what it kept is bounded by the cap too
+    assert len(reply.text) <= (100 * 1.25 + 16) * 64  # what it kept is bounded by the cap too
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -150,18 +150,22 @@ async def test_a_stream_of_nothing_is_cut_by_its_bytes(path):
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_a_request_that_outlasts_its_deadline_is_cut(path):
-    async with serve(dripping) as url, client_for(url, path, request_timeout=1.5, chunk_timeout=5.0) as c:
+    kw = {"request_timeout": 1.5, "chunk_timeout": 5.0, "first_token_timeout": 0.5}
+    async with serve(dripping) as url, client_for(url, path, **kw) as c:
         t0 = time.monotonic()
         with anyio.fail_after(10):
-            reply = await c.chat(c.body([{"role": "user", "content": "hi"}], max_tokens=100_000, temperature=0))
+            # one token allowed: the deadline is the first token's wait and 2 s a token, 2.5 s; the token cap
+            # (1.25 + 16 tokens of characters) would take the drip ~40 s
+            reply = await c.chat(c.body([{"role": "user", "content": "hi"}], max_tokens=1, temperature=0))
     assert not reply.ok and reply.health
-    assert "longer than 1.5 s" in (reply.error or "")
-    assert time.monotonic() - t0 < 5
+    assert "longer than 2.5 s" in (reply.error or ""), reply.error
+    assert time.monotonic() - t0 < 6
 
 
 BAD_EVENTS = [b"not json", b"[1, 2]", b'{"choices": "x"}', b'{"choices": [{"delta": {"content": 5}}]}',
               b'{"choices": [{"delta": "text"}]}', b'{"usage": {"completion_tokens": "many"}}',
-              b'{"choices": [{"delta": {}, "finish_reason": 3}]}']
+              b'{"choices": [{"delta": {}, "finish_reason": 3}]}', b'{"usage": {"completion_tokens": 2.5}}',
+              b'{"usage": {"prompt_tokens": true}}']
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -172,6 +176,24 @@ async def test_what_a_server_sends_wrong_is_a_failed_attempt(path, payload):
             reply = await c.chat(c.body([{"role": "user", "content": "hi"}], max_tokens=50, temperature=0))
     assert not reply.ok and reply.health and reply.retryable
     assert (reply.error or "").startswith("malformed stream"), reply.error
+
+
+async def float_usage_and_tiny_pieces(resp: web.StreamResponse) -> None:
+    """A good answer cut into one-character deltas (as a proxy may cut it) with its usage counted as floats."""
+    text = "A long enough answer, cut into the smallest pieces a proxy could make of it. " * 20  # ~1,560 characters
+    for ch in text:
+        await resp.write(_chunk(ch))
+    await resp.write(_chunk(finish="stop", usage={"prompt_tokens": 12.0, "completion_tokens": 400.0}))
+    await resp.write(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_tiny_deltas_and_whole_float_counts_are_a_good_answer(path):
+    async with serve(float_usage_and_tiny_pieces) as url, client_for(url, path) as c:
+        with anyio.fail_after(20):
+            reply = await c.chat(c.body([{"role": "user", "content": "hi"}], max_tokens=520, temperature=0))
+    assert reply.ok, reply.error
+    assert reply.completion_tokens == 400 and reply.prompt_tokens == 12 and len(reply.text) > 1500
 
 
 @pytest.mark.parametrize("path", PATHS)

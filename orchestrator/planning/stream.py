@@ -139,6 +139,8 @@ class TitleStream:
                 continue
             if c in "{[":
                 self._open("o" if c == "{" else "a")
+                if self.stalled:  # a container inside the items: nothing after it is read as titles
+                    return
                 i += 1
                 continue
             if c in "}]":
