@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ below imports on first use
     from .config import PRESETS, Backend, Settings
-    from .errors import BackendError, ConfigError, HandbookError, Interrupted, PlanError
+    from .errors import BackendError, ConfigError, HandbookError, InternalError, Interrupted, OutputError, PlanError
     from .events import (
         BackendState,
         Delta,
@@ -43,7 +43,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
 # name -> the module that defines it (and, where the names differ, the name there)
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["PRESETS", "Backend", "Settings"], ".config"),
-    **dict.fromkeys(["BackendError", "ConfigError", "HandbookError", "Interrupted", "PlanError"], ".errors"),
+    **dict.fromkeys(["BackendError", "ConfigError", "HandbookError", "InternalError", "Interrupted", "OutputError",
+                     "PlanError"], ".errors"),
     **dict.fromkeys(
         [
             "BackendState", "Delta", "Event", "ForecastReady", "JobFinished", "JobStarted", "LevelPlanned",
@@ -71,6 +72,7 @@ __all__ = [
     "Forecast",
     "ForecastReady",
     "HandbookError",
+    "InternalError",
     "Interrupted",
     "JobFinished",
     "JobStarted",
@@ -81,6 +83,7 @@ __all__ = [
     "NodeStarted",
     "Outline",
     "OutlineReady",
+    "OutputError",
     "Part",
     "PlanError",
     "Result",

@@ -13,8 +13,8 @@ import pytest
 EXPORTED = {
     "orchestrator": [
         "PRESETS", "Backend", "BackendError", "BackendState", "Chapter", "ConfigError", "Delta", "Event", "Forecast",
-        "ForecastReady", "HandbookError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample",
-        "NodeFailed", "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "Part", "PlanError", "Result",
+        "ForecastReady", "HandbookError", "InternalError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample",
+        "NodeFailed", "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "OutputError", "Part", "PlanError", "Result",
         "Settings", "StepFit", "aforecast", "agenerate", "aplan", "awrite", "forecast", "generate", "plan", "write",
     ],
     "orchestrator.typeset": ["TypesetInfo", "typeset", "typeset_to"],
