@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.book.checks import loop_reason, title_debris
+from orchestrator.book.checks import norm_title as norm
 from orchestrator.planning import weak_title
-from orchestrator.repair import loop_reason, title_debris
-from orchestrator.repair import norm_title as norm
 
 EXAMPLES = 5  # examples shown per check
 

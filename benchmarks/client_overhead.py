@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from orchestrator.osutil import free_port, raise_open_file_limit
+from orchestrator.core.osutil import free_port, raise_open_file_limit
 
 CHUNKS_PER_REQUEST = 100  # ~ a 400-token section at stream interval 4
 MODEL = "bench-model"
@@ -161,8 +161,8 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Write the sect
 async def client_ours(url: str, streams: int, requests: int) -> tuple[int, int]:
     import anyio
 
-    from orchestrator.client import BackendClient
-    from orchestrator.config import Backend
+    from orchestrator.core.config import Backend
+    from orchestrator.wire.client import BackendClient
 
     got = {"chunks": 0, "errors": 0}
     async with BackendClient(Backend(url, cap=streams), MODEL) as client:
@@ -277,13 +277,11 @@ def run_client(kind: str, url: str, streams: int, requests: int) -> dict:
         import aiohttp  # noqa: F401
         import orjson  # noqa: F401
 
-        import orchestrator.client
-        import orchestrator.config  # noqa: F401
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     options = {}
     if kind == "ours-uvloop":
-        from orchestrator.sseproto import event_loop_options
+        from orchestrator.wire.sseproto import event_loop_options
 
         options = event_loop_options()
         if not options:  # a row that says uvloop must run on it

@@ -34,11 +34,11 @@ import anyio
 from published_take import PER_STREAM_MS, STEP_MS
 
 from orchestrator import Backend, Settings, agenerate
-from orchestrator.client import discover
-from orchestrator.config import PRESETS
-from orchestrator.events import Event, JobStarted, NodeFinished, NodeStarted
+from orchestrator.core.config import PRESETS
+from orchestrator.core.events import Event, JobStarted, NodeFinished, NodeStarted
 from orchestrator.forecasting import StepFit, fit_budget, forecast, probe_fits
 from orchestrator.sim.launch import SimFleet
+from orchestrator.wire.client import discover
 
 REFERENCE = dict(PRESETS["published-take"])
 PROMPT = REFERENCE.pop("prompt")
@@ -171,8 +171,8 @@ def section_data(asked: tuple[int, ...] = (250, 500, 800, 1500), n: int = 1000) 
 
 
 def _section_messages(book: str, part: str, chapter: str, section: str, words: int) -> list[dict[str, str]]:
-    from orchestrator.profiles import PROFILES
-    from orchestrator.prompts import render
+    from orchestrator.core.profiles import PROFILES
+    from orchestrator.core.prompts import render
 
     text = render("section", book=book, part=part, chapter=chapter, section=section, words=words, book_phrase="")
     return PROFILES["reference"].messages(text)
@@ -189,8 +189,8 @@ def _titles(prompt: str, n: int) -> tuple[str | None, list[str]]:
 
 def sim_book(parts: int, chapters: int, sections: int, words: int, max_tokens: int):
     """A whole simulator book without servers: titles and sections answered as the simulator would."""
-    from orchestrator.assemble import SectionText, assemble
-    from orchestrator.outline import Chapter, Outline, Part
+    from orchestrator.book.assemble import SectionText, assemble
+    from orchestrator.core.outline import Chapter, Outline, Part
     from orchestrator.sim.text import answer
 
     book, part_titles = _titles(f'Plan a long book for: "{PROMPT}". Give the book title and exactly {parts} part '

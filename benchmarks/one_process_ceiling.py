@@ -51,9 +51,9 @@ def child(urls: list[str], words: int, max_tokens: int) -> dict:
     import anyio
 
     from orchestrator import Settings, agenerate
-    from orchestrator.config import PRESETS
-    from orchestrator.events import NodeFailed
-    from orchestrator.sseproto import event_loop_options
+    from orchestrator.core.config import PRESETS
+    from orchestrator.core.events import NodeFailed
+    from orchestrator.wire.sseproto import event_loop_options
 
     cards = len(urls)
     preset = dict(PRESETS["published-take"])

@@ -49,8 +49,8 @@ import anyio
 from pypdf import PdfReader
 
 from orchestrator import Settings, agenerate
-from orchestrator.config import PRESETS
-from orchestrator.events import NodeFinished
+from orchestrator.core.config import PRESETS
+from orchestrator.core.events import NodeFinished
 from orchestrator.sim.launch import SimFleet
 
 STEP_MS, PER_STREAM_MS = 12.94, 0.2451

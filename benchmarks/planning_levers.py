@@ -32,12 +32,12 @@ from dataclasses import replace
 import orjson
 
 from orchestrator import Settings
-from orchestrator.assemble import SectionText, assemble
-from orchestrator.config import PRESETS
+from orchestrator.book.assemble import SectionText, assemble
+from orchestrator.core.config import PRESETS
+from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.forecasting import model as fmodel
 from orchestrator.forecasting import simulate as fsim
 from orchestrator.forecasting.model import StepFit, forecast
-from orchestrator.outline import Chapter, Outline, Part
 from orchestrator.sim import text as simtext
 from orchestrator.sim.context import Context
 from orchestrator.sim.titles import make_titles

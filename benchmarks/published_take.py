@@ -38,10 +38,10 @@ from pathlib import Path
 import anyio
 
 from orchestrator import Settings, agenerate
-from orchestrator.config import PRESETS
-from orchestrator.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
+from orchestrator.core.config import PRESETS
+from orchestrator.core.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
 from orchestrator.sim.launch import SimFleet
-from orchestrator.timeline import Timeline
+from orchestrator.views.timeline import Timeline
 
 STEP_MS, PER_STREAM_MS, CAP = 12.94, 0.2451, 256
 

@@ -35,8 +35,8 @@ def one(sections: int, cards: int, time_scale: float, interval: int) -> dict:
     import anyio
 
     from orchestrator import Settings, agenerate
-    from orchestrator.config import PRESETS
-    from orchestrator.events import NodeFinished
+    from orchestrator.core.config import PRESETS
+    from orchestrator.core.events import NodeFinished
     from orchestrator.sim.launch import SimFleet
 
     parts, chapters, per = SHAPES[sections]

@@ -18,7 +18,7 @@ import time
 import anyio
 import orjson
 
-from orchestrator.sse import SseParser, StreamState, Watch
+from orchestrator.wire.sse import SseParser, StreamState, Watch
 
 
 def event(chars: int) -> bytes:

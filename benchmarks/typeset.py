@@ -35,8 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.assemble import Book, SectionText, assemble
-from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.book.assemble import Book, SectionText, assemble
+from orchestrator.core.outline import Chapter, Outline, Part
 
 SHAPES = {"full": (8, 12, 16), "small": (8, 4, 5)}
 
@@ -245,7 +245,7 @@ def main() -> int:
         _child(args.child[0], args.child[1], args.workers)
         return 0
 
-    from orchestrator.defects import find_defects
+    from orchestrator.book.defects import find_defects
 
     names = [args.only] if args.only else ["full", "small"]
     rows = {}

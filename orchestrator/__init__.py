@@ -17,9 +17,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ below imports on first use
-    from .config import PRESETS, Backend, Settings
-    from .errors import BackendError, ConfigError, HandbookError, InternalError, Interrupted, OutputError, PlanError
-    from .events import (
+    from .core.config import PRESETS, Backend, Settings
+    from .core.errors import (
+        BackendError,
+        ConfigError,
+        HandbookError,
+        InternalError,
+        Interrupted,
+        OutputError,
+        PlanError,
+    )
+    from .core.events import (
         BackendState,
         Delta,
         Event,
@@ -33,31 +41,31 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
         NodeStarted,
         OutlineReady,
     )
-    from .finish import Result
+    from .core.outline import Chapter, Outline, Part
     from .forecasting import Forecast, StepFit
-    from .outline import Chapter, Outline, Part
-    from .run import agenerate, generate
-    from .stepwise import aforecast, aplan, awrite, plan, write
-    from .stepwise import forecast_of as forecast
+    from .job.finish import Result
+    from .job.run import agenerate, generate
+    from .job.stepwise import aforecast, aplan, awrite, plan, write
+    from .job.stepwise import forecast_of as forecast
 
 # name -> the module that defines it (and, where the names differ, the name there)
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(["PRESETS", "Backend", "Settings"], ".config"),
+    **dict.fromkeys(["PRESETS", "Backend", "Settings"], ".core.config"),
     **dict.fromkeys(["BackendError", "ConfigError", "HandbookError", "InternalError", "Interrupted", "OutputError",
-                     "PlanError"], ".errors"),
+                     "PlanError"], ".core.errors"),
     **dict.fromkeys(
         [
             "BackendState", "Delta", "Event", "ForecastReady", "JobFinished", "JobStarted", "LevelPlanned",
             "MetricsSample", "NodeFailed", "NodeFinished", "NodeStarted", "OutlineReady",
         ],
-        ".events",
+        ".core.events",
     ),
-    **dict.fromkeys(["Chapter", "Outline", "Part"], ".outline"),
-    "Result": ".finish",
+    **dict.fromkeys(["Chapter", "Outline", "Part"], ".core.outline"),
+    "Result": ".job.finish",
     **dict.fromkeys(["Forecast", "StepFit"], ".forecasting"),
-    **dict.fromkeys(["agenerate", "generate"], ".run"),
-    **dict.fromkeys(["aforecast", "aplan", "awrite", "plan", "write"], ".stepwise"),
-    "forecast": ".stepwise:forecast_of",  # the module orchestrator.forecasting is the model; this is the call
+    **dict.fromkeys(["agenerate", "generate"], ".job.run"),
+    **dict.fromkeys(["aforecast", "aplan", "awrite", "plan", "write"], ".job.stepwise"),
+    "forecast": ".job.stepwise:forecast_of",  # the module orchestrator.forecasting is the model; this is the call
 }
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from orchestrator.events import (
+from orchestrator.core.events import (
     Delta,
     ForecastReady,
     JobFinished,
@@ -30,8 +30,8 @@ from orchestrator.events import (
     NodeStarted,
     OutlineReady,
 )
-from orchestrator.outline import Chapter, Outline, Part
-from orchestrator.reply import Reply
+from orchestrator.core.outline import Chapter, Outline, Part
+from orchestrator.core.reply import Reply
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 
@@ -267,7 +267,7 @@ def synthetic_forecast(whole_job_s: float, sections: int, words: int, backends: 
 if __name__ == "__main__":  # a slow synthetic job behind a real feed, for a look in a browser
     import sys
 
-    from orchestrator.feed import Feed
+    from orchestrator.views.feed import Feed
 
     async def main() -> None:
         async with Feed(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0) as feed:

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from orchestrator.assemble import SectionText, assemble, close_fences, demote_headings, section_body
-from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.book.assemble import SectionText, assemble, close_fences, demote_headings, section_body
+from orchestrator.core.outline import Chapter, Outline, Part
 
 
 def test_demote_headings_skips_code_and_drops_a_repeated_title():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeServer
 
-from orchestrator.osutil import free_port
+from orchestrator.core.osutil import free_port
 from orchestrator.sim.launch import SimFleet
 
 SECRET = "sk-test-very-secret-key-0123456789abcdef"

@@ -15,8 +15,8 @@ import pytest
 from orchestrator import cli
 from orchestrator.bench import BenchSettings, chart_svg, fit_step, run_ladder
 from orchestrator.cli.bench import add_arguments, settings_from_args
-from orchestrator.errors import ConfigError
-from orchestrator.osutil import free_port
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.osutil import free_port
 from orchestrator.sim.launch import SimFleet
 
 ROOT = Path(__file__).resolve().parents[1]

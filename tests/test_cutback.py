@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cutback import cut_back
+from orchestrator.book.cutback import cut_back
 
 
 @pytest.mark.parametrize(("text", "expected"), [

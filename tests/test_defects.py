@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from orchestrator.assemble import Book, SectionText, assemble, count_words, section_body
-from orchestrator.defects import Defects, find_defects
-from orchestrator.outline import Chapter, Outline, Part
-from orchestrator.textscan import block_ending, near_duplicates, scan_block
+from orchestrator.book.assemble import Book, SectionText, assemble, count_words, section_body
+from orchestrator.book.defects import Defects, find_defects
+from orchestrator.book.textscan import block_ending, near_duplicates, scan_block
+from orchestrator.core.outline import Chapter, Outline, Part
 
 DESIGN_KEYS = {
     "duplicate_section_titles", "unterminated_blocks", "truncated_sections", "empty_sections", "failed_sections",
@@ -229,7 +229,7 @@ def test_printed_measure_follows_book_md():
 def test_near_duplicates_agree_with_every_pair_measured():
     """The sampled candidates lose no pair that measuring every pair exactly finds (edited copies, halves, exact
     copies, strangers), and the figures are the exact ones."""
-    from orchestrator.textscan import NEAR_DUPLICATE_CONTAINMENT, NEAR_DUPLICATE_JACCARD, shingles
+    from orchestrator.book.textscan import NEAR_DUPLICATE_CONTAINMENT, NEAR_DUPLICATE_JACCARD, shingles
 
     base = [prose(i, 200) for i in range(40)]
     texts = list(base)
@@ -264,7 +264,7 @@ def test_near_duplicates_beside_boilerplate_every_text_shares():
     is a near-duplicate beside boilerplate every text holds is still found (and the strangers are not)."""
     import random
 
-    from orchestrator.textscan import near_duplicates
+    from orchestrator.book.textscan import near_duplicates
 
     rng = random.Random(1)
     vocab = [f"v{i}" for i in range(5000)]

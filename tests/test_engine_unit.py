@@ -22,8 +22,8 @@ import pytest
 
 from orchestrator import engine as E
 from orchestrator.cli import engine as engine_cli
+from orchestrator.core.errors import BackendError, ConfigError
 from orchestrator.engine import children, installer, server
-from orchestrator.errors import BackendError, ConfigError
 
 FAKE_SERVER = textwrap.dedent(
     """

@@ -55,7 +55,8 @@ def test_all_is_pinned_and_every_name_resolves(package: str) -> None:
 
 def test_the_top_level_names_are_the_ones_their_modules_define() -> None:
     import orchestrator
-    from orchestrator import events, run
+    from orchestrator.core import events
+    from orchestrator.job import run
 
     assert orchestrator.generate is run.generate
     assert callable(orchestrator.plan) and callable(orchestrator.write) and callable(orchestrator.forecast)
@@ -69,7 +70,7 @@ def test_importing_the_package_imports_nothing_heavy() -> None:
     # another test imported counts.
     code = (
         "import sys, orchestrator\n"
-        "heavy = [m for m in ('weasyprint', 'rich', 'aiohttp', 'anyio', 'openai', 'pypdf', 'orchestrator.run')"
+        "heavy = [m for m in ('weasyprint', 'rich', 'aiohttp', 'anyio', 'openai', 'pypdf', 'orchestrator.job.run')"
         " if m in sys.modules]\n"
         "print(','.join(heavy))\n"
         "from orchestrator import Settings\n"

@@ -25,11 +25,11 @@ import orjson
 import pytest
 from feed_synth import HOSTILE, synthetic_forecast, synthetic_job
 
-from orchestrator.events import Delta, JobFinished, JobStarted, MetricsSample, NodeFinished, NodeStarted
-from orchestrator.feed import Feed
-from orchestrator.feedstate import FeedState
-from orchestrator.reply import Reply
-from orchestrator.resources import bundled_templates
+from orchestrator.core.events import Delta, JobFinished, JobStarted, MetricsSample, NodeFinished, NodeStarted
+from orchestrator.core.reply import Reply
+from orchestrator.core.resources import bundled_templates
+from orchestrator.views.feed import Feed
+from orchestrator.views.feedstate import FeedState
 
 pytestmark = pytest.mark.anyio
 
@@ -468,7 +468,7 @@ async def test_a_foreign_host_header_is_refused():
 
 
 async def test_a_busy_port_is_a_configuration_error():
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     async with Feed(port=0) as first:
         with pytest.raises(ConfigError, match=f"cannot serve the live feed on 127.0.0.1:{first.port}"):
@@ -578,8 +578,8 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
     from rich.console import Console
 
     from orchestrator import Settings, agenerate
-    from orchestrator.progress import Progress
     from orchestrator.sim.launch import SimFleet
+    from orchestrator.views.progress import Progress
 
     ARTIFACTS.mkdir(exist_ok=True)
     log = StringIO()

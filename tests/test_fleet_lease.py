@@ -19,9 +19,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from orchestrator.events import BackendState
-from orchestrator.fleet import Fleet
-from orchestrator.reply import Reply
+from orchestrator.core.events import BackendState
+from orchestrator.core.reply import Reply
+from orchestrator.dispatch.fleet import Fleet
 
 pytestmark = pytest.mark.anyio
 

@@ -14,11 +14,11 @@ import anyio
 import pytest
 from fake_openai import FakeServer
 
-from orchestrator.client import discover
-from orchestrator.config import Backend, Settings
-from orchestrator.errors import BackendError, ConfigError
+from orchestrator.core.config import Backend, Settings
+from orchestrator.core.errors import BackendError, ConfigError
+from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.forecasting import Forecast, StepFit, fit_budget, fits_from_ladder, forecast, probe_fits
-from orchestrator.outline import Chapter, Outline, Part
+from orchestrator.wire.client import discover
 
 REF = (12.94, 0.2451)  # the reference engine model's step, ms
 

@@ -18,9 +18,9 @@ import orjson
 import pytest
 from local_http import env, job_cmd
 
-from orchestrator import osutil
 from orchestrator.cli.main import main
-from orchestrator.errors import OUTPUT_FAILED_EXIT, TYPESET_FAILED_EXIT
+from orchestrator.core import osutil
+from orchestrator.core.errors import OUTPUT_FAILED_EXIT, TYPESET_FAILED_EXIT
 
 PROMPT = "A handbook of incident response"
 SHAPE = ["--parts", "2", "--chapters", "3", "--sections", "16", "--words", "120", "--max-tokens", "240"]
@@ -177,8 +177,8 @@ def test_a_wrong_statement_is_a_bug_not_a_full_disk(tmp_path):
     propagates (an internal error), and the journal takes the next write as before."""
     import sqlite3
 
-    from orchestrator.config import Settings
-    from orchestrator.journal import Journal
+    from orchestrator.core.config import Settings
+    from orchestrator.dispatch.journal import Journal
 
     j = Journal.open(tmp_path, "A prompt", Settings())
     try:

@@ -9,12 +9,12 @@ import anyio
 import pytest
 
 from orchestrator import ConfigError, Settings
-from orchestrator.dispatch import Dispatcher
-from orchestrator.fleet import Fleet
-from orchestrator.journal import FILENAME, Journal
-from orchestrator.journal_schema import SCHEMA_VERSION
-from orchestrator.outline import Chapter, Outline, Part
-from orchestrator.reply import Reply
+from orchestrator.core.outline import Chapter, Outline, Part
+from orchestrator.core.reply import Reply
+from orchestrator.dispatch.dispatcher import Dispatcher
+from orchestrator.dispatch.fleet import Fleet
+from orchestrator.dispatch.journal import FILENAME, Journal
+from orchestrator.dispatch.journal_schema import SCHEMA_VERSION
 
 SECRET = "sk-journal-secret-0123456789"
 

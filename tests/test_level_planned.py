@@ -19,9 +19,9 @@ import pytest
 from scripted_openai import Answer, Request, ScriptedServer, prose, titles
 
 from orchestrator import Settings, generate
-from orchestrator.errors import PlanError
-from orchestrator.events import LevelPlanned, NodeFinished, OutlineReady
-from orchestrator.outline import Outline
+from orchestrator.core.errors import PlanError
+from orchestrator.core.events import LevelPlanned, NodeFinished, OutlineReady
+from orchestrator.core.outline import Outline
 
 PROMPT = "A test book about running software"
 BOOK = "The Test Book"

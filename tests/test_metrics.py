@@ -11,7 +11,9 @@ import anyio
 import pytest
 from aiohttp import web
 
-from orchestrator.events import MetricsSample
+from orchestrator.core.events import MetricsSample
+from orchestrator.core.osutil import free_port
+from orchestrator.core.reply import Reply
 from orchestrator.metrics import (
     Counters,
     MetricsSampler,
@@ -20,8 +22,6 @@ from orchestrator.metrics import (
     parse_metrics,
     server_counted,
 )
-from orchestrator.osutil import free_port
-from orchestrator.reply import Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -707,9 +707,9 @@ async def test_no_counter_anywhere_is_unavailable_with_reasons():
 
 
 def _record(replies, backends=("http://a/v1", "http://b/v1"), server_counted=None):
-    from orchestrator.assemble import Book
-    from orchestrator.outline import Outline
-    from orchestrator.report import JobRecord
+    from orchestrator.book.assemble import Book
+    from orchestrator.core.outline import Outline
+    from orchestrator.job.report import JobRecord
 
     return JobRecord(
         backends=tuple(backends), plan_levels=(1,), book=Book(Outline("T"), (), "# T\n"),
@@ -723,7 +723,7 @@ def _reply(backend: str, tokens: int, text: str = "Some prose.", error: str | No
 
 
 def test_build_stats_warns_when_a_backend_sends_no_usage():
-    from orchestrator.report import build_stats
+    from orchestrator.job.report import build_stats
 
     a, b = "http://a/v1", "http://b/v1"
     replies = [("section", _reply(a, 100)), ("section", _reply(a, 120)),
@@ -736,7 +736,7 @@ def test_build_stats_warns_when_a_backend_sends_no_usage():
 
 
 def test_printed_figures_say_what_they_are():
-    from orchestrator.report import ROW_COLUMNS, server_counted_line
+    from orchestrator.job.report import ROW_COLUMNS, server_counted_line
 
     header = next(name for name, key in ROW_COLUMNS if key == "avg_tok_s_writing")
     assert "usage" in header and "write" in header  # the reference run's definition, not a server count

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from local_http import env
 
-from orchestrator.outline import Chapter, Outline, Part
-from orchestrator.outline_md import OutlineFileError, read_outline_md, render_outline_md
+from orchestrator.core.outline import Chapter, Outline, Part
+from orchestrator.core.outline_md import OutlineFileError, read_outline_md, render_outline_md
 
 PROMPT = "Write me a field guide to the rivers of Europe"
 

@@ -9,14 +9,14 @@ import orjson
 import pytest
 
 from orchestrator import Settings, generate
-from orchestrator.client import BackendClient
-from orchestrator.config import Backend
-from orchestrator.dispatch import Dispatcher
-from orchestrator.events import LevelPlanned, NodeStarted
-from orchestrator.fleet import Fleet
+from orchestrator.core.config import Backend
+from orchestrator.core.events import LevelPlanned, NodeStarted
+from orchestrator.dispatch.dispatcher import Dispatcher
+from orchestrator.dispatch.fleet import Fleet
 from orchestrator.planning import Planner, TitleStream, extract_titles, parse_titles
 from orchestrator.planning.stream import Expansion
 from orchestrator.sim.launch import SimFleet
+from orchestrator.wire.client import BackendClient
 
 
 def feed_in(text: str, k: int) -> TitleStream:
@@ -215,8 +215,8 @@ def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path
 
 
 def test_titles_that_repeat_a_parent_or_are_placeholders_are_reasked():
+    from orchestrator.book.checks import norm_title as norm
     from orchestrator.planning import parse_titles
-    from orchestrator.repair import norm_title as norm
 
     avoid = frozenset({norm("Software Engineering Handbook"), norm("Testing")})
     with pytest.raises(ValueError, match="parent"):

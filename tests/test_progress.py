@@ -11,7 +11,7 @@ import pytest
 from feed_synth import synthetic_job
 from rich.console import Console
 
-from orchestrator.events import (
+from orchestrator.core.events import (
     BackendState,
     Delta,
     ForecastReady,
@@ -24,10 +24,10 @@ from orchestrator.events import (
     NodeStarted,
     OutlineReady,
 )
-from orchestrator.jobstate import JobState, short_url
-from orchestrator.outline import Chapter, Outline, Part
-from orchestrator.progress import Progress
-from orchestrator.reply import Reply
+from orchestrator.core.outline import Chapter, Outline, Part
+from orchestrator.core.reply import Reply
+from orchestrator.views.jobstate import JobState, short_url
+from orchestrator.views.progress import Progress
 
 A = "http://gpu1:8000/v1"
 B = "http://gpu2:8001/v1"

@@ -308,10 +308,10 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
 
 
 async def _one_request(url: str, **client_kw):
-    from orchestrator.client import BackendClient
-    from orchestrator.config import Backend
-    from orchestrator.dispatch import Dispatcher
-    from orchestrator.fleet import Fleet
+    from orchestrator.core.config import Backend
+    from orchestrator.dispatch.dispatcher import Dispatcher
+    from orchestrator.dispatch.fleet import Fleet
+    from orchestrator.wire.client import BackendClient
 
     events: list = []
     client = BackendClient(Backend(url), "fake-model", **client_kw)

@@ -8,12 +8,12 @@ import time
 import orjson
 import pytest
 
-from orchestrator.cutback import cut_back
-from orchestrator.prompts import list_schema, render
-from orchestrator.repair import loop_reason, title_debris
+from orchestrator.book.checks import loop_reason, title_debris
+from orchestrator.book.cutback import cut_back
+from orchestrator.book.textscan import block_ending
+from orchestrator.core.prompts import list_schema, render
 from orchestrator.sim.text import answer
 from orchestrator.sim.words import BOOK_TITLES, COMMON_SECTIONS, CONCEPTS, PART_THEMES
-from orchestrator.textscan import block_ending
 
 # --------------------------------------------------------------------------------------------------------------
 # the simulator's published take: the product's own prompts, answered by the simulator's text generator
@@ -93,8 +93,8 @@ def test_simulated_truncated_sections_cut_back_cleanly():
 
 
 def test_the_simulated_book_as_printed_never_stops_mid_sentence():
-    from orchestrator.assemble import SectionText, assemble
-    from orchestrator.outline import Chapter, Outline, Part
+    from orchestrator.book.assemble import SectionText, assemble
+    from orchestrator.core.outline import Chapter, Outline, Part
 
     book, parts = published_take()
     outline = Outline(book, tuple(Part(p, tuple(Chapter(c, tuple(s for s, _, _ in ss)) for c, ss in chapters))
@@ -334,8 +334,8 @@ def _book_quality():
 def test_book_quality_counts_a_crafted_out_dir(tmp_path, capsys):
     import json
 
-    from orchestrator.assemble import SectionText, assemble
-    from orchestrator.outline import Chapter, Outline, Part
+    from orchestrator.book.assemble import SectionText, assemble
+    from orchestrator.core.outline import Chapter, Outline, Part
 
     bq = _book_quality()
     outline = Outline(BOOK, (Part("Tools", (Chapter("Version Control", ("Branching", "items", "Branching")),)),
@@ -380,8 +380,8 @@ def test_book_quality_counts_a_crafted_out_dir(tmp_path, capsys):
 def test_the_planners_gate_passes_every_simulated_outline_title():
     """The planner's title gate (debris, copies and near copies of a parent) must not re-ask any node of the
     published take: its plan stays 1 -> 8 -> 96 with 105 planning requests."""
+    from orchestrator.book.checks import norm_title as norm
     from orchestrator.planning import weak_title
-    from orchestrator.repair import norm_title as norm
 
     book, parts = published_take()
     flagged = []

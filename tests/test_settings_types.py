@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_bad_input import handbook, one_line_error
 
-from orchestrator.config import Backend, Settings, settings_from
-from orchestrator.errors import ConfigError
+from orchestrator.core.config import Backend, Settings, settings_from
+from orchestrator.core.errors import ConfigError
 
 UNREACHABLE = "http://127.0.0.1:9/v1"  # never contacted when the settings are refused first
 

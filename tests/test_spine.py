@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import Backend, Settings, generate
+from orchestrator.job.report import ROW_COLUMNS
 from orchestrator.metrics import parse_metrics
-from orchestrator.report import ROW_COLUMNS
 from orchestrator.sim.launch import SimFleet
 
 STATS_KEYS = {

@@ -13,10 +13,10 @@ import anyio
 import orjson
 import pytest
 
-from orchestrator.client import BackendClient
-from orchestrator.config import Backend
-from orchestrator.sse import StreamState, Watch, read_events
-from orchestrator.sseproto import Pool, Response, _Conn, event_loop_options
+from orchestrator.core.config import Backend
+from orchestrator.wire.client import BackendClient
+from orchestrator.wire.sse import StreamState, Watch, read_events
+from orchestrator.wire.sseproto import Pool, Response, _Conn, event_loop_options
 
 # asyncio's loop, and uvloop where it is installed (it is a dependency of jobs: a missing one is a failure here).
 LOOPS = [pytest.param({}, id="asyncio"), pytest.param({"use_uvloop": True}, id="uvloop")]

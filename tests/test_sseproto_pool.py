@@ -13,11 +13,11 @@ import anyio
 import pytest
 from test_sse_differential import HEAD, LOOPS, Server, _Sink, chunked, delta, ev, events
 
-from orchestrator import sseproto
-from orchestrator.client import BackendClient
-from orchestrator.config import Backend
-from orchestrator.sse import StreamState, Watch
-from orchestrator.sseproto import ConnectError, Pool, Response, _Conn
+from orchestrator.core.config import Backend
+from orchestrator.wire import sseproto
+from orchestrator.wire.client import BackendClient
+from orchestrator.wire.sse import StreamState, Watch
+from orchestrator.wire.sseproto import ConnectError, Pool, Response, _Conn
 
 BODY = ev(delta("x", "stop")) + b"data: [DONE]\n\n"
 RESP = HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY

@@ -12,8 +12,8 @@ import pytest
 from scripted_openai import Answer, ScriptedServer
 
 from orchestrator import Settings, generate
-from orchestrator.errors import PlanError
-from orchestrator.states import NodeKind, RunStatus, Stop, status_after
+from orchestrator.core.errors import PlanError
+from orchestrator.core.states import NodeKind, RunStatus, Stop, status_after
 
 
 def test_every_stop_has_its_status_and_a_typo_is_no_stop():

@@ -12,7 +12,7 @@ import anyio.lowlevel
 import pytest
 
 from orchestrator import Settings, agenerate
-from orchestrator.client import BackendClient
+from orchestrator.wire.client import BackendClient
 
 pytestmark = pytest.mark.anyio
 

@@ -11,9 +11,9 @@ from PIL import Image
 
 from orchestrator import cli
 from orchestrator.cli.job import resolve
-from orchestrator.events import Delta, JobStarted, MetricsSample, NodeFailed, NodeFinished, NodeStarted
-from orchestrator.reply import Reply
-from orchestrator.timeline import Timeline
+from orchestrator.core.events import Delta, JobStarted, MetricsSample, NodeFailed, NodeFinished, NodeStarted
+from orchestrator.core.reply import Reply
+from orchestrator.views.timeline import Timeline
 
 PROMPT = "Write me a complete software engineering handbook"
 SHAPE = ["--parts", "2", "--chapters", "3", "--sections", "4", "--words", "40", "--max-tokens", "80"]

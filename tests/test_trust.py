@@ -158,11 +158,11 @@ def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tm
 
 
 def test_a_stored_section_answers_only_its_own_title(tmp_path):
-    from orchestrator.config import Settings
-    from orchestrator.dispatch import Dispatcher
-    from orchestrator.fleet import Fleet
-    from orchestrator.journal import Journal
-    from orchestrator.reply import Reply
+    from orchestrator.core.config import Settings
+    from orchestrator.core.reply import Reply
+    from orchestrator.dispatch.dispatcher import Dispatcher
+    from orchestrator.dispatch.fleet import Fleet
+    from orchestrator.dispatch.journal import Journal
 
     s = Settings(parts=1, chapters=1, sections=2)
     j = Journal.open(tmp_path, "A book", s)
@@ -196,8 +196,8 @@ def test_a_stored_section_answers_only_its_own_title(tmp_path):
 
 
 async def _chat(url: str, answer_kw: dict | None = None):
-    from orchestrator.client import BackendClient
-    from orchestrator.config import Backend
+    from orchestrator.core.config import Backend
+    from orchestrator.wire.client import BackendClient
 
     async with BackendClient(Backend(url), "scripted-model") as c:
         return await c.chat(c.body([{"role": "user", "content": 'Write the section "S" in about 9 words.'}],
@@ -337,11 +337,11 @@ def test_a_job_whose_model_gives_prose_fences_and_no_book_title_still_makes_its_
 async def _plan_requests(url: str, replies: list[Answer]):
     """Planning requests through the Dispatcher; returns the client's json_schema_ok after each, and the
     dispatcher's request count and replies."""
-    from orchestrator.client import BackendClient
-    from orchestrator.config import Backend
-    from orchestrator.dispatch import Dispatcher
-    from orchestrator.fleet import Fleet
-    from orchestrator.prompts import list_schema
+    from orchestrator.core.config import Backend
+    from orchestrator.core.prompts import list_schema
+    from orchestrator.dispatch.dispatcher import Dispatcher
+    from orchestrator.dispatch.fleet import Fleet
+    from orchestrator.wire.client import BackendClient
 
     seen = []
     async with BackendClient(Backend(url), "scripted-model") as client:
@@ -457,8 +457,8 @@ def test_a_corrupt_or_foreign_journal_is_a_one_line_error(tmp_path, damage):
         db.commit()
         db.close()
     else:
-        from orchestrator.config import Settings
-        from orchestrator.journal import Journal
+        from orchestrator.core.config import Settings
+        from orchestrator.dispatch.journal import Journal
 
         s = Settings(parts=1, chapters=2, sections=4, attempts=3)
         Journal.open(out, "A test book", s).close()
@@ -498,10 +498,10 @@ def test_credentials_in_a_backend_url_are_sent_but_never_written(tmp_path):
 
 
 async def _trip_and_probe(url: str, serving: dict) -> list[bool]:
-    from orchestrator.client import BackendClient
-    from orchestrator.config import Backend
-    from orchestrator.events import BackendState
-    from orchestrator.fleet import Fleet
+    from orchestrator.core.config import Backend
+    from orchestrator.core.events import BackendState
+    from orchestrator.dispatch.fleet import Fleet
+    from orchestrator.wire.client import BackendClient
 
     back = anyio.Event()  # the fleet says when the backend rejoins the rotation
 
@@ -618,10 +618,10 @@ def test_the_published_take_preset_keeps_the_reference_settings_on_any_model(tmp
 
 
 async def _slow_probe(url: str, dead: str, serving: dict) -> tuple[bool, bool]:
-    from orchestrator.client import BackendClient
-    from orchestrator.config import Backend
-    from orchestrator.events import BackendState
-    from orchestrator.fleet import Fleet
+    from orchestrator.core.config import Backend
+    from orchestrator.core.events import BackendState
+    from orchestrator.dispatch.fleet import Fleet
+    from orchestrator.wire.client import BackendClient
 
     settled = anyio.Event()  # a rejoined the rotation, or the fleet gave up on every backend
 
@@ -658,10 +658,10 @@ def test_a_slow_probe_completion_is_alive_not_down():
 def test_a_journal_written_before_this_version_resumes(tmp_path):
     """Schema 1 (no ``value`` column, no ``committed`` table, temperature 0.0 in its key) is migrated and resumed
     with the default settings."""
-    from orchestrator.config import Settings
-    from orchestrator.journal import Journal
-    from orchestrator.journal_schema import SCHEMA_VERSION
-    from orchestrator.reply import Reply
+    from orchestrator.core.config import Settings
+    from orchestrator.core.reply import Reply
+    from orchestrator.dispatch.journal import Journal
+    from orchestrator.dispatch.journal_schema import SCHEMA_VERSION
 
     j = Journal.open(tmp_path, "A book", Settings(parts=1, chapters=1, sections=2))
     j.record("1.1.1", "section", "S1", Reply("Old text.", "stop", 1, 2, "u", 0.0, 0.0, 1.0), 1)

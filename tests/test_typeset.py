@@ -15,8 +15,8 @@ import pytest
 import weasyprint  # noqa: F401  -- a dependency: missing, these tests fail at import (never skip)
 
 from orchestrator.cli.typeset import add_arguments, run
-from orchestrator.errors import ConfigError
-from orchestrator.resources import bundled_templates
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.resources import bundled_templates
 from orchestrator.typeset import TypesetInfo, typeset, typeset_to
 from orchestrator.typeset.html import highlight, parse_book, render_inline, render_markdown
 from orchestrator.typeset.pdf import WORKER_COMMAND, TypesetError, worker_env
@@ -360,5 +360,5 @@ def test_the_worker_loads_no_job_machinery(tmp_path):
     out = subprocess.run([*WORKER_COMMAND[:2], "-c", probe], env=worker_env(), cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout.split()
     assert "weasyprint" in out
-    for heavy in ("rich", "aiohttp", "anyio", "openai", "pypdf", "orchestrator.run", "orchestrator.client"):
+    for heavy in ("rich", "aiohttp", "anyio", "openai", "pypdf", "orchestrator.job.run", "orchestrator.wire.client"):
         assert heavy not in out

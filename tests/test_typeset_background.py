@@ -12,14 +12,14 @@ import pypdf
 import pytest
 
 from orchestrator import Settings, generate
-from orchestrator.assemble import SectionText, assemble
+from orchestrator.book.assemble import SectionText, assemble
 from orchestrator.cli.job import resolve
 from orchestrator.cli.main import OneLineParser
-from orchestrator.config import settings_from
-from orchestrator.events import OutlineReady
-from orchestrator.outline import Chapter, Outline, Part
-from orchestrator.resources import template_dirs
-from orchestrator.stepwise import WRITE_OVERRIDES, write_settings
+from orchestrator.core.config import settings_from
+from orchestrator.core.events import OutlineReady
+from orchestrator.core.outline import Chapter, Outline, Part
+from orchestrator.core.resources import template_dirs
+from orchestrator.job.stepwise import WRITE_OVERRIDES, write_settings
 from orchestrator.typeset import typeset_to
 from orchestrator.typeset.background import BACKGROUND_NICE, BackgroundTypesetter
 from orchestrator.typeset.background import for_job as _background

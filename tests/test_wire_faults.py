@@ -19,10 +19,10 @@ import pytest
 from aiohttp import web
 
 from orchestrator import Backend, Settings, agenerate
-from orchestrator.client import BackendClient
-from orchestrator.errors import InternalError, PlanError, internal_error, unwrap
-from orchestrator.events import BackendState
-from orchestrator.sse import SseParser, StreamState, Watch
+from orchestrator.core.errors import InternalError, PlanError, internal_error, unwrap
+from orchestrator.core.events import BackendState
+from orchestrator.wire.client import BackendClient
+from orchestrator.wire.sse import SseParser, StreamState, Watch
 
 pytestmark = pytest.mark.anyio
 

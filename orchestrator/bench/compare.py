@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .report import compare_table, stdout_console
 
 

@@ -43,10 +43,10 @@ import anyio
 import orjson
 from rich.console import Console
 
-from ..client import auth_header, discover
-from ..config import Backend
-from ..errors import BackendError
+from ..core.config import Backend
+from ..core.errors import BackendError
 from ..metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
+from ..wire.client import auth_header, discover
 from .fit import fit_step
 from .load import LoadStats, Target, client_estimate_series, client_for, saturated, stream_worker, wait_full
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import anyio
 
-from ..client import BackendClient
-from ..config import Backend
-from ..errors import BackendError
+from ..core.config import Backend
+from ..core.errors import BackendError
+from ..core.reply import ANSWERS, Reply
 from ..metrics import MetricsSampler, Point
-from ..reply import ANSWERS, Reply
+from ..wire.client import BackendClient
 
 PROMPT = (
     "{n}. Request number {n} of a throughput benchmark. Write a long, detailed technical article of about "

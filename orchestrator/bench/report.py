@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..osutil import atomic_write
+from ..core.osutil import atomic_write
 from .fit import predicted_total
 
 LEVEL_KEYS = (

@@ -30,9 +30,9 @@ from ..bench import (
     stdout_console,
     write_outputs,
 )
-from ..config import normalise_url
-from ..errors import ConfigError
-from ..osutil import prepare_out_dir, raise_open_file_limit
+from ..core.config import normalise_url
+from ..core.errors import ConfigError
+from ..core.osutil import prepare_out_dir, raise_open_file_limit
 
 CONFIG_KEYS = {"backends", "streams", "window", "max_tokens", "out", "model", "ramp", "interval", "label"}
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..core.errors import ConfigError
 from ..engine import (
     INSTALL_HINT,
     engine_python,
@@ -21,7 +22,6 @@ from ..engine import (
     stop_background,
 )
 from ..engine.children import Progress
-from ..errors import ConfigError
 
 
 def _cli_progress() -> tuple[Progress, Callable[[], None]]:

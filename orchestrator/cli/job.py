@@ -12,10 +12,10 @@ from typing import Any
 
 import anyio
 
-from ..config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
+from ..core.config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
+from ..core.errors import TYPESET_FAILED_EXIT, ConfigError
+from ..core.profiles import PLANNING_STYLES, PROFILE_NAMES
 from ..engine import LOCAL_DEFAULT_SHAPE
-from ..errors import TYPESET_FAILED_EXIT, ConfigError
-from ..profiles import PLANNING_STYLES, PROFILE_NAMES
 from .main import OneLineParser
 
 SHAPE = ("parts", "chapters", "sections")
@@ -214,7 +214,7 @@ def run_job_cli(argv: list[str]) -> int:
 
 
 def _generate(prompt, backends, settings, out, fresh, on_event, deltas):
-    from ..run import agenerate
+    from ..job.run import agenerate
 
     return agenerate(prompt, backends, settings, out, on_event=on_event, deltas=deltas, fresh=fresh,
                      handle_sigint=True)
@@ -224,7 +224,7 @@ def run_with_displays(call, settings, args: argparse.Namespace, report: Callable
     """Run ``call(on_event, deltas)`` (a job, a plan, a write) under the terminal progress and the live feed as
     the flags ask; ``report(result)`` prints the outcome and gives the exit code."""
     logging.basicConfig(format="handbook: warning: %(message)s", level=logging.WARNING, stream=sys.stderr)
-    from ..sseproto import event_loop_options
+    from ..wire.sseproto import event_loop_options
 
     done: dict[str, int] = {}
     try:
@@ -242,7 +242,7 @@ def report(result) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..report import ROW_COLUMNS, row_cells, server_counted_line
+    from ..job.report import ROW_COLUMNS, row_cells, server_counted_line
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
@@ -313,13 +313,13 @@ async def _run_with_displays(call, settings, args, report, done: dict[str, int])
     progress = None
     async with AsyncExitStack() as stack:
         if not args.quiet:
-            from ..progress import Progress
+            from ..views.progress import Progress
 
             progress = stack.enter_context(Progress())
             consumers.append(progress)
         feed = None
         if args.feed is not None:
-            from ..feed import Feed
+            from ..views.feed import Feed
 
             feed = await stack.enter_async_context(
                 Feed(port=args.feed, linger=args.feed_linger, templates=settings.templates)
@@ -338,7 +338,7 @@ async def _run_with_displays(call, settings, args, report, done: dict[str, int])
 
 def _say_budget(event: Any) -> None:
     """The shape a --pages/--minutes budget chose, said before the job starts writing."""
-    from ..events import ForecastReady
+    from ..core.events import ForecastReady
 
     if isinstance(event, ForecastReady) and event.forecast.get("budget"):
         print(f"handbook: {event.forecast['budget']}", file=sys.stderr, flush=True)

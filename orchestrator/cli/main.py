@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import NoReturn
 
-from ..errors import ConfigError, HandbookError, InternalError, internal_error, unwrap
+from ..core.errors import ConfigError, HandbookError, InternalError, internal_error, unwrap
 
 SUBCOMMANDS = {
     "plan": ("orchestrator.cli.plan", "plan the book only: DIR/outline.md to review and edit, DIR/forecast.json"),

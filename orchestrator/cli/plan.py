@@ -7,7 +7,7 @@ import sys
 from functools import partial
 from typing import Any
 
-from ..finish import Planned
+from ..job.finish import Planned
 from .job import add_job_arguments, resolve, run_with_displays
 
 
@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(prompt, backends, settings, out, fresh, on_event, deltas):
-    from ..stepwise import plan_job
+    from ..job.stepwise import plan_job
 
     return plan_job(prompt, backends, settings, out, on_event, fresh=fresh, handle_sigint=True)
 

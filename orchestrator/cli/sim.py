@@ -17,8 +17,8 @@ import signal
 import sys
 import time
 
-from ..errors import ConfigError
-from ..osutil import raise_open_file_limit
+from ..core.errors import ConfigError
+from ..core.osutil import raise_open_file_limit
 from ..sim.engine import EngineConfig
 from ..sim.server import Card, SimConfig
 

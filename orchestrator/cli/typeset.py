@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..typeset.book import parse_formats, typeset_to
 
 

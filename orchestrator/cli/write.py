@@ -7,12 +7,12 @@ import os
 from functools import partial
 from pathlib import Path
 
-from ..config import Backend, settings_from
-from ..errors import ConfigError
-from ..journal import FILENAME as JOURNAL_FILE
-from ..journal_schema import peek_job
-from ..outline_md import FILENAME as OUTLINE_FILE
-from ..outline_md import read_outline_md
+from ..core.config import Backend, settings_from
+from ..core.errors import ConfigError
+from ..core.outline_md import FILENAME as OUTLINE_FILE
+from ..core.outline_md import read_outline_md
+from ..dispatch.journal import FILENAME as JOURNAL_FILE
+from ..dispatch.journal_schema import peek_job
 from .job import (
     add_connection_arguments,
     add_display_arguments,
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..stepwise import write_settings
+    from ..job.stepwise import write_settings
 
     out_dir = Path(args.dir)
     if not out_dir.is_dir():
@@ -70,6 +70,6 @@ def _planned_backends(out_dir: Path, cap: int, *, keep_cap: bool) -> list[Backen
 
 
 def _write(out_dir, backends, settings, outline, on_event, deltas):
-    from ..stepwise import awrite
+    from ..job.stepwise import awrite
 
     return awrite(outline, backends, settings, out_dir, on_event, deltas=deltas, handle_sigint=True)

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError, ConfigError
-from ..osutil import free_port, port_free
+from ..core.errors import BackendError, ConfigError
+from ..core.osutil import free_port, port_free
 from .children import Progress, pid_alive, say, stop_process
 from .installer import prepare_model, require_engine_python
 from .paths import MODEL_NAME, locked, resolve_cache_dir, run_dir, state_file

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import BackendError
+from ..core.errors import BackendError
 from .paths import mkdir
 
 __all__ = [

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import BackendError, ConfigError
+from ..core.errors import BackendError, ConfigError
 from .children import LAUNCHER, Progress, child_env, run_logged, say
 from .paths import MODEL_NAME, locked, mkdir, model_dir, resolve_cache_dir, venv_dir, venv_marker
 

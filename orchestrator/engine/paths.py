@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = [
     "MODEL_NAME",

@@ -13,8 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Self
 
-from ..errors import ConfigError
-from ..osutil import free_port, port_free
+from ..core.errors import ConfigError
+from ..core.osutil import free_port, port_free
 from .background import running_engine_url
 from .children import Progress, killpg, say, stop_process
 from .installer import prepare_model, require_engine_python

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..errors import BackendError
+from ..core.errors import BackendError
 from .children import LAUNCHER, Progress, child_env, group_alive, last_error_line, pid_alive, tail
 from .paths import MODEL_NAME, mkdir, run_dir
 

@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from ..config import Settings
-from ..errors import ConfigError
+from ..core.config import Settings
+from ..core.errors import ConfigError
 from .lengths import LENGTHS, MIN_WORDS, golden
 from .model import Forecast, StepFit, forecast
 from .pages import PAGES

@@ -17,8 +17,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..config import Settings
-from ..outline import Outline
+from ..core.config import Settings
+from ..core.outline import Outline
 from .lengths import LENGTHS, PLANNING, golden
 from .pages import PAGES
 from .simulate import SECTION, Node, simulate

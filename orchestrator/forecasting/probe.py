@@ -23,8 +23,8 @@ import orjson
 from ..bench import fit_step
 from ..bench.ladder import measure_level, wait_drained
 from ..bench.load import Target
-from ..config import Backend, Settings
-from ..errors import BackendError, ConfigError, unwrap
+from ..core.config import Backend, Settings
+from ..core.errors import BackendError, ConfigError, unwrap
 from ..metrics import MetricsSampler
 from .model import StepFit
 

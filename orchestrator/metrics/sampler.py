@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import anyio
 
-from ..events import MetricsSample
+from ..core.events import MetricsSample
 from .counters import GENERATION_NAMES, Counters, metrics_url, parse_metrics
 from .series import Point, has_counter, recent_rate, server_counted, unavailable
 

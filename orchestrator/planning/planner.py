@@ -28,18 +28,18 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ..client import BackendClient
-from ..config import Settings
-from ..dispatch import Dispatcher
-from ..errors import PlanError
-from ..events import LevelPlanned, NodeFinished
-from ..journal import StoredNode
-from ..outline import Chapter, Outline, Part, level_of
-from ..profiles import PROFILES, Profile
-from ..prompts import book_phrase, few_shot_messages, list_schema, render
-from ..repair import norm_title as norm
-from ..reply import Reply
-from ..states import NodeKind
+from ..book.checks import norm_title as norm
+from ..core.config import Settings
+from ..core.errors import PlanError
+from ..core.events import LevelPlanned, NodeFinished
+from ..core.outline import Chapter, Outline, Part, level_of
+from ..core.profiles import PROFILES, Profile
+from ..core.prompts import book_phrase, few_shot_messages, list_schema, render
+from ..core.reply import Reply
+from ..core.states import NodeKind
+from ..dispatch.dispatcher import Dispatcher
+from ..dispatch.journal import StoredNode
+from ..wire.client import BackendClient
 from .stream import Expansion
 from .titles import Titles, book_title_from_prompt, extract_titles, parse_titles
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import orjson
 
-from ..repair import norm_title as norm
+from ..book.checks import norm_title as norm
 from .titles import LIST_LINE, TITLE_LINE, clean_title, indent_width, marker_kind, weak_title
 
 

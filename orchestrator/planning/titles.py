@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..repair import MAX_TITLE_WORDS, title_debris
-from ..repair import norm_title as norm
+from ..book.checks import MAX_TITLE_WORDS, title_debris
+from ..book.checks import norm_title as norm
 
 MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from ..osutil import port_free
+from ..core.osutil import port_free
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 _LIVE: set[SimFleet] = set()

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from pypdf import PdfWriter
 
-from ..assemble import section_markdown
-from ..events import OutlineReady
-from ..resources import template_dirs
+from ..book.assemble import section_markdown
+from ..core.events import OutlineReady
+from ..core.resources import template_dirs
 from .compose import Composer
 from .galley import Item, item_for_node, templates_digest
 from .html import parse_book, render_inline
@@ -45,10 +45,10 @@ from .pdf import Prepared, front_job, galley_job, item_layouts, job_key
 from .pool import _Pool, default_workers
 
 if TYPE_CHECKING:
-    from ..assemble import SectionText
-    from ..config import Settings
-    from ..events import Event
-    from ..outline import Outline
+    from ..book.assemble import SectionText
+    from ..core.config import Settings
+    from ..core.events import Event
+    from ..core.outline import Outline
 
 __all__ = ["BACKGROUND_BATCH", "BACKGROUND_NICE", "MAX_WORKERS", "BackgroundTypesetter", "for_job", "layout_split"]
 
@@ -177,7 +177,7 @@ class BackgroundTypesetter:
     def _outline(self, outline: Outline) -> None:
         """The title page and contents, the parts' title pages, the chapters' headings and running heads: the
         outline is all they need."""
-        from ..assemble import assemble
+        from ..book.assemble import assemble
 
         self.outline = outline
         if self.pool is None:

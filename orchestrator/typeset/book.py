@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 from markupsafe import Markup
 
-from ..errors import ConfigError
-from ..osutil import atomic_write
-from ..resources import template_dirs
+from ..core.errors import ConfigError
+from ..core.osutil import atomic_write
+from ..core.resources import template_dirs
 from .html import (
     Node,
     document_html,

@@ -29,7 +29,7 @@ from pypdf.generic import (
     NumberObject,
 )
 
-from ..osutil import atomic_path
+from ..core.osutil import atomic_path
 from .compat import add_object
 from .html import Node, plain_text, render_inline
 

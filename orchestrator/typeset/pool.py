@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import HandbookError
+from ..core.errors import HandbookError
 from .ipc import NICE_ENV, frame, read_frame
 
 __all__ = ["WORKER_COMMAND", "WORKER_SILENCE_S", "TypesetError", "default_workers", "worker_env"]

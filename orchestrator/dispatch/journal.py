@@ -39,11 +39,11 @@ if TYPE_CHECKING:
 
 import orjson
 
-from .errors import ConfigError, OutputError
+from ..core.errors import ConfigError, OutputError
+from ..core.outline import Outline
+from ..core.reply import Reply
+from ..core.states import NodeKind, RunStatus
 from .journal_schema import dumps, open_db
-from .outline import Outline
-from .reply import Reply
-from .states import NodeKind, RunStatus
 
 FILENAME = "journal.sqlite"
 

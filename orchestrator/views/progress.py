@@ -30,8 +30,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .eta import Eta
-from .events import (
+from ..core.events import (
     BackendState,
     Delta,
     Event,
@@ -42,6 +41,7 @@ from .events import (
     NodeFailed,
     OutlineReady,
 )
+from .eta import Eta
 from .jobstate import JobState, short_url
 
 __all__ = ["Progress"]

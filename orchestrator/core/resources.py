@@ -19,8 +19,8 @@ _MARKER = "book.html.j2"  # present in every complete templates folder
 
 @lru_cache(maxsize=1)
 def bundled_templates() -> Path:
-    here = Path(__file__).resolve().parent
-    candidates = (here / "templates", here.parent / "templates")
+    package = Path(__file__).resolve().parents[1]  # orchestrator/ (this module is orchestrator/core/resources.py)
+    candidates = (package / "templates", package.parent / "templates")
     for candidate in candidates:
         if (candidate / _MARKER).is_file():
             return candidate

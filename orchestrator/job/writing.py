@@ -20,27 +20,27 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from .assemble import SectionText
-from .client import BackendClient
-from .config import Settings
-from .dispatch import Dispatcher
-from .errors import Interrupted
-from .events import Event, LevelPlanned, NodeFinished, OutlineReady
-from .fleet import Fleet
-from .journal import Journal
-from .outline import Outline, SectionRef
-from .planning import Planner
-from .profiles import Profile
-from .prompts import book_phrase, render
-from .repair import loop_reason, norm_title
-from .reply import Reply
+from ..book.assemble import SectionText
+from ..book.checks import loop_reason, norm_title
+from ..core.config import Settings
+from ..core.errors import Interrupted
+from ..core.events import Event, LevelPlanned, NodeFinished, OutlineReady
+from ..core.outline import Outline, SectionRef
+from ..core.profiles import Profile
+from ..core.prompts import book_phrase, render
+from ..core.reply import Reply
+from ..core.states import NodeKind, Stop
+from ..dispatch.dispatcher import Dispatcher
+from ..dispatch.fleet import Fleet
+from ..dispatch.journal import Journal
+from ..planning import Planner
+from ..wire.client import BackendClient
 from .report import BackendFigures
-from .states import NodeKind, Stop
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .metrics import MetricsSampler
+    from ..metrics import MetricsSampler
 
 log = logging.getLogger("handbook")
 

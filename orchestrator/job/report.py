@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .assemble import Book
-from .reply import Reply
+from ..book.assemble import Book
+from ..core.reply import Reply
 
 
 @dataclass(frozen=True)

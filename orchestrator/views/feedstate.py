@@ -13,7 +13,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
-from .events import Delta, Event, JobFinished, NodeFailed, NodeFinished, NodeStarted
+from ..core.events import Delta, Event, JobFinished, NodeFailed, NodeFinished, NodeStarted
 from .jobstate import JobState
 
 __all__ = ["ClientQueue", "FeedState"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 SCHEMA_VERSION = 2  # 2: nodes.value, committed (1 is migrated on open)
 

@@ -12,8 +12,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from .eta import Eta, job_eta
-from .events import (
+from ..core.events import (
     BackendState,
     Delta,
     ForecastReady,
@@ -26,9 +25,10 @@ from .events import (
     NodeStarted,
     OutlineReady,
 )
+from .eta import Eta, job_eta
 
 if TYPE_CHECKING:
-    from .events import Event
+    from ..core.events import Event
 
 __all__ = ["JobState", "short_url"]
 

@@ -12,10 +12,10 @@ from functools import cached_property
 
 from markdown_it import MarkdownIt
 
+from ..core.outline import Outline, SectionRef
+from ..core.states import Missing
+from .checks import norm_title
 from .cutback import cut_back
-from .outline import Outline, SectionRef
-from .repair import norm_title
-from .states import Missing
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
 
@@ -72,7 +72,7 @@ class SectionText:
     def loop(self) -> str | None:
         """:func:`orchestrator.repair.loop_reason` of ``text``, computed once (the Writer seeds it from the check
         each answer passes as it lands, so that counting the defects after the last section does not redo it)."""
-        from .repair import loop_reason
+        from .checks import loop_reason
 
         return loop_reason(self.text)
 

@@ -18,17 +18,17 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from .assemble import Book, assemble
-from .config import Settings
-from .events import Event, JobFinished
-from .osutil import atomic_write
-from .outline import Outline
+from ..book.assemble import Book, assemble
+from ..core.config import Settings
+from ..core.events import Event, JobFinished
+from ..core.osutil import atomic_write
+from ..core.outline import Outline
+from ..core.states import Missing, RunStatus, Stop, status_after
 from .report import JobRecord, build_stats
-from .states import Missing, RunStatus, Stop, status_after
 
 if TYPE_CHECKING:
-    from .timeline import Timeline
-    from .typeset.background import BackgroundTypesetter
+    from ..typeset.background import BackgroundTypesetter
+    from ..views.timeline import Timeline
     from .writing import Written
 
 log = logging.getLogger("handbook")
@@ -143,7 +143,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
 def save_plan(job: JobInfo, written: Written, forecast: Callable[[Outline], dict[str, Any]]) -> Planned:
     """outline.md, outline.json and forecast.json of a plan-only run (`handbook plan`). An outline.md a person
     already edited is kept, never overwritten by a rerun: the forecast is then of the outline as edited."""
-    from .outline_md import FILENAME, edits_in, write_outline_md
+    from ..core.outline_md import FILENAME, edits_in, write_outline_md
 
     planned = written.outline
     if planned is None:  # stopped before the outline was whole: nothing to write
@@ -186,8 +186,8 @@ async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: Job
                    background: BackgroundTypesetter | None) -> JobRecord:
     """Lay out book.html/book.pdf; the record gains the time and pages, or ``typeset_error``: a one-line message
     saying what broke (book.md, stats, defects and the journal are already written, so nothing is lost)."""
-    from .typeset import typeset
-    from .typeset.background import layout_split
+    from ..typeset import typeset
+    from ..typeset.background import layout_split
 
     formats = [f for f in job.settings.formats if f != "md"]
     try:
@@ -244,7 +244,7 @@ def _write_stats(out_dir: Path, stats: dict[str, Any], paths: dict[str, Path]) -
 
 
 def _write_defects(out_dir: Path, book: Book, paths: dict[str, Path]) -> dict[str, Any] | None:
-    from .defects import find_defects
+    from ..book.defects import find_defects
 
     d = find_defects(book)
     data = d.to_json()

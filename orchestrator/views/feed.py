@@ -40,11 +40,11 @@ import jinja2
 import orjson
 from aiohttp import hdrs, web
 
-from .errors import ConfigError
-from .events import Event
+from ..core.errors import ConfigError
+from ..core.events import Event
+from ..core.resources import template_dirs
 from .feedstate import ClientQueue, FeedState
 from .jobstate import JobState
-from .resources import template_dirs
 
 __all__ = ["Feed"]
 

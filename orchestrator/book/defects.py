@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .assemble import Book, SectionText, count_words, section_body
-from .repair import norm_title
+from .checks import norm_title
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,

@@ -18,9 +18,9 @@ import aiohttp
 import anyio
 import orjson
 
-from .config import Backend
-from .errors import BackendError, ConfigError
-from .reply import ANSWERS, FINISH_SYNONYMS, Reply
+from ..core.config import Backend
+from ..core.errors import BackendError, ConfigError
+from ..core.reply import ANSWERS, FINISH_SYNONYMS, Reply
 from .sse import MalformedStream, StreamState, Watch, read_events
 from .sseproto import ConnectError, Pool, on_asyncio, usable
 

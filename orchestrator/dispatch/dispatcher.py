@@ -17,13 +17,13 @@ from typing import Any, Generic, TypeVar, overload
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt, wait_exponential_jitter
 
-from .client import BackendClient
-from .events import Delta, NodeFailed, NodeStarted
+from ..core.events import Delta, NodeFailed, NodeStarted
+from ..core.outline import level_of
+from ..core.reply import Reply
+from ..core.states import NodeKind
+from ..wire.client import BackendClient
 from .fleet import Fleet
 from .journal import Journal, StoredNode
-from .outline import level_of
-from .reply import Reply
-from .states import NodeKind
 
 T = TypeVar("T")
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import anyio
 
-from .client import BackendClient
-from .errors import BackendError
-from .events import BackendState
-from .reply import Reply
+from ..core.errors import BackendError
+from ..core.events import BackendState
+from ..core.reply import Reply
+from ..wire.client import BackendClient
 
 
 @dataclass

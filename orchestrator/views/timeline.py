@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from .events import Delta, JobStarted, LevelPlanned, MetricsSample, NodeFailed, NodeFinished, NodeStarted
-from .osutil import atomic_path, atomic_write
+from ..core.events import Delta, JobStarted, LevelPlanned, MetricsSample, NodeFailed, NodeFinished, NodeStarted
+from ..core.osutil import atomic_path, atomic_write
 
 PLANNING_KINDS = ("book", "part", "chapter")
 
@@ -164,7 +164,7 @@ class Timeline:
         its last model second on a stretched clock (over a third of a model second, the published take at time
         scale 3 drew a ±10% sawtooth from sample to sample)."""
         span = max(1.0, self.time_scale)
-        from .metrics.series import Point, recent_rate
+        from ..metrics.series import Point, recent_rate
 
         series: dict[str, list[Point]] = {u: [] for u in backends}
         ts: list[float] = []

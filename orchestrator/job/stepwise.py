@@ -17,16 +17,16 @@ from pathlib import Path
 
 import anyio
 
-from .config import Backend, Settings, settings_from
-from .errors import ConfigError, Interrupted
-from .events import Event
+from ..core.config import Backend, Settings, settings_from
+from ..core.errors import ConfigError, Interrupted
+from ..core.events import Event
+from ..core.outline import Outline
+from ..core.outline_md import FILENAME as OUTLINE_FILE
+from ..core.outline_md import read_outline_md
+from ..dispatch.journal import FILENAME as JOURNAL_FILE
+from ..dispatch.journal_schema import peek_job
+from ..forecasting import Forecast, fits_from_ladder, forecast, probe_fits
 from .finish import Planned, Result
-from .forecasting import Forecast, fits_from_ladder, forecast, probe_fits
-from .journal import FILENAME as JOURNAL_FILE
-from .journal_schema import peek_job
-from .outline import Outline
-from .outline_md import FILENAME as OUTLINE_FILE
-from .outline_md import read_outline_md
 from .run import Mode, backends_up, default_out, discover_all, session
 
 __all__ = ["aforecast", "aplan", "awrite", "forecast_of", "plan", "plan_job", "write", "write_settings"]

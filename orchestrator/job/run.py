@@ -19,10 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .client import BackendClient, discover
-from .config import Backend, Settings, slugify, unique_backends
-from .dispatch import Dispatcher
-from .errors import (
+from ..core.config import Backend, Settings, slugify, unique_backends
+from ..core.errors import (
     BackendError,
     ConfigError,
     HandbookError,
@@ -32,26 +30,28 @@ from .errors import (
     internal_error,
     unwrap,
 )
-from .events import Event, ForecastReady, JobStarted
+from ..core.events import Event, ForecastReady, JobStarted
+from ..core.osutil import ensure_open_files, prepare_out_dir
+from ..core.outline import Outline
+from ..core.profiles import resolve_profile
+from ..core.prompts import render
+from ..core.states import RunStatus, Stop, status_after
+from ..dispatch.dispatcher import Dispatcher
+from ..dispatch.fleet import Fleet
+from ..dispatch.journal import Journal
+from ..forecasting import StepFit
+from ..forecasting import forecast as forecast_of
+from ..planning import Planner
+from ..views.timeline import Timeline
+from ..wire.client import BackendClient, discover
+from ..wire.sseproto import event_loop_options
 from .finish import JobInfo, Planned, Result, publish, save_book, save_plan, write_json
-from .fleet import Fleet
-from .forecasting import StepFit
-from .forecasting import forecast as forecast_of
-from .job_forecast import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
-from .journal import Journal
-from .osutil import ensure_open_files, prepare_out_dir
-from .outline import Outline
-from .planning import Planner
-from .profiles import resolve_profile
-from .prompts import render
-from .sseproto import event_loop_options
-from .states import RunStatus, Stop, status_after
-from .timeline import Timeline
+from .forecast_file import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
 from .writing import Writer, stopped_message
 
 if TYPE_CHECKING:
-    from .profiles import Profile
-    from .typeset.background import BackgroundTypesetter
+    from ..core.profiles import Profile
+    from ..typeset.background import BackgroundTypesetter
 
 log = logging.getLogger("handbook")
 
@@ -197,7 +197,7 @@ async def backends_up(backends: Sequence[Backend | str] | None, settings: Settin
     if backends:
         yield unique_backends([b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends])
         return
-    from .engine import LocalEngine  # the embedded default: a real model on the CPU
+    from ..engine import LocalEngine  # the embedded default: a real model on the CPU
 
     async with LocalEngine(on_progress=_engine_progress) as engine:
         assert engine.url is not None  # set on entering
@@ -310,7 +310,7 @@ class _Job:
         if self.mode == Mode() and journal.outline is not None:
             _warn_if_edited(self.out_dir, journal.outline)
         writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint)
-        from .typeset.background import for_job  # typesetting while writing: None when it cannot help
+        from ..typeset.background import for_job  # typesetting while writing: None when it cannot help
 
         background = None if self.mode.plan_only else for_job(settings)
         if background is not None:
@@ -330,7 +330,7 @@ class _Job:
                                  fits: list[StepFit], forecast: dict[str, Any] | None, t_start: float,
                                  timeline: Timeline | None, profile: Profile) -> Result | Planned:
         settings, bus, journal = self.settings, self.bus, self.journal
-        from .metrics import MetricsSampler
+        from ..metrics import MetricsSampler
 
         async with _clients(usable, settings) as clients:
             fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
@@ -411,7 +411,7 @@ def _output_errors(journal: Journal) -> Iterator[None]:
 
 def _warn_if_edited(out_dir: Path, outline: Outline) -> None:
     """The main job resumes the journal's outline; an edited outline.md beside it is for `handbook write`."""
-    from .outline_md import FILENAME, edits_in
+    from ..core.outline_md import FILENAME, edits_in
 
     if edits_in(out_dir, outline)[0]:
         log.warning("%s differs from the outline this job resumes, which it leaves alone; write the edited outline "

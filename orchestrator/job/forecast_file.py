@@ -15,14 +15,14 @@ from typing import Any
 
 import orjson
 
-from .config import Backend, Settings
-from .errors import ConfigError
-from .forecasting import Forecast, StepFit, fit_budget, fits_from_ladder, probe_fits
-from .journal import FILENAME as JOURNAL_FILE
-from .journal import Journal
-from .journal_schema import peek_job
-from .outline import Outline
-from .states import NodeKind
+from ..core.config import Backend, Settings
+from ..core.errors import ConfigError
+from ..core.outline import Outline
+from ..core.states import NodeKind
+from ..dispatch.journal import FILENAME as JOURNAL_FILE
+from ..dispatch.journal import Journal
+from ..dispatch.journal_schema import peek_job
+from ..forecasting import Forecast, StepFit, fit_budget, fits_from_ladder, probe_fits
 
 __all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "written_paths"]
 

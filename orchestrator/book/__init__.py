@@ -1,0 +1,2 @@
+"""Sections -> the book: Markdown assembled in outline order (assemble), a truncated section cut back to its last
+sentence (cutback), loop and debris checks (checks), text scans (textscan) and the defect report (defects)."""

@@ -1,0 +1,5 @@
+"""Values and rules every stage shares: our errors and exit codes (errors), configuration (config: Backend, Settings,
+presets, TOML job files), model profiles, the outline and outline.md, the event values, a request's Reply, prompts and
+templates (prompts, resources), what the job needs from the operating system (osutil), the job's states (states).
+
+Nothing here imports another stage: core is the bottom layer (see docs/architecture.md, "Layers")."""
