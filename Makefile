@@ -78,10 +78,12 @@ bench: install
 	$(PY) benchmarks/planning_levers.py
 	$(PY) benchmarks/one_process_ceiling.py
 
-# Ruff (with the async and RUF rules) and mypy; .ci/run runs this before the tests.
+# Ruff (with the async, RUF and complexity rules), mypy, and import-linter (the layers and no import cycle:
+# [tool.importlinter] in pyproject.toml); .ci/run runs this before the tests.
 lint: install
 	$(VENV)/bin/ruff check orchestrator tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) handbook-out test-artifacts .pytest_cache

@@ -16,7 +16,7 @@ from ..core.config import PRESETS, Backend, backends_from_env, load_job_file, se
 from ..core.errors import TYPESET_FAILED_EXIT, ConfigError
 from ..core.profiles import PLANNING_STYLES, PROFILE_NAMES
 from ..engine import LOCAL_DEFAULT_SHAPE
-from .main import OneLineParser
+from .common import OneLineParser
 
 SHAPE = ("parts", "chapters", "sections")
 

@@ -5,12 +5,11 @@ Subcommands live in their own modules, each with ``add_arguments(parser)`` and `
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
-from typing import NoReturn
 
-from ..core.errors import ConfigError, HandbookError, InternalError, internal_error, unwrap
+from ..core.errors import HandbookError, InternalError, internal_error, unwrap
+from .common import OneLineParser
 
 SUBCOMMANDS = {
     "plan": ("orchestrator.cli.plan", "plan the book only: DIR/outline.md to review and edit, DIR/forecast.json"),
@@ -20,13 +19,6 @@ SUBCOMMANDS = {
     "typeset": ("orchestrator.cli.typeset", "typeset existing Markdown into an A5 PDF"),
     "engine": ("orchestrator.cli.engine", "start, stop or inspect the embedded local engine"),
 }
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad flags are bad input like any other: one line and exit 2 (our ConfigError), no usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
 
 
 def main(argv: list[str] | None = None) -> int:

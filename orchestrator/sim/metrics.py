@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .engine import TTFT_BUCKETS
+from .engine import TTFT_BUCKETS, Engine
 
-if TYPE_CHECKING:
-    from .server import Card
+
+class _ModelConfig(Protocol):
+    @property
+    def model(self) -> str: ...
+
+
+class CardView(Protocol):
+    """What the metrics read of a card (server.Card is one): a Protocol, so that this module needs nothing of the
+    server's, which serves them (no import cycle)."""
+
+    @property
+    def cfg(self) -> _ModelConfig: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def finished(self) -> dict[str, int]: ...
 
 __all__ = ["CardMetrics"]
 
@@ -20,7 +34,7 @@ __all__ = ["CardMetrics"]
 class _Collector(Collector):
     """Reads the card's plain integers at scrape time: nothing on the hot path touches prometheus_client."""
 
-    def __init__(self, card: Card):
+    def __init__(self, card: CardView):
         self.card = card
 
     def collect(self) -> Iterator[Metric]:
@@ -66,7 +80,7 @@ class _Collector(Collector):
 class CardMetrics:
     """The registry of one card, scraped on demand."""
 
-    def __init__(self, card: Card):
+    def __init__(self, card: CardView):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(card))
 

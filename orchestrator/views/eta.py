@@ -9,10 +9,40 @@ may lean on the writing rate the servers count (never on chunk arrivals), and al
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .jobstate import JobState
+    from ..core.events import ForecastReady
+
+
+class JobView(Protocol):
+    """What the ETA reads of the job's state (views.jobstate.JobState is one): a Protocol, so that this module
+    needs nothing of the state's module, which shows the ETA (no import cycle)."""
+
+    @property
+    def forecast(self) -> ForecastReady | None: ...
+    @property
+    def elapsed(self) -> float: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def stats(self) -> dict[str, Any] | None: ...
+    @property
+    def total(self) -> int | None: ...
+    @property
+    def t0(self) -> float | None: ...
+    @property
+    def t_written(self) -> float | None: ...
+    @property
+    def tokens_asked(self) -> int: ...
+    @property
+    def write_base(self) -> tuple[float, float, int] | None: ...
+    @property
+    def last_sample(self) -> tuple[float, float] | None: ...
+    @property
+    def counted_backends(self) -> int | None: ...
+    @property
+    def metered_backends(self) -> int | None: ...
 
 __all__ = ["BASES", "Eta", "job_eta"]
 
@@ -79,7 +109,7 @@ class Eta:
         return {k: round(v, 2) if isinstance(v, float) else v for k, v in d.items()}
 
 
-def job_eta(s: JobState) -> Eta | None:
+def job_eta(s: JobView) -> Eta | None:
     """The forecast beside where the job ``s`` stands (call under its lock); None when no forecast was made."""
     f = s.forecast
     if f is None:
@@ -115,7 +145,7 @@ def job_eta(s: JobState) -> Eta | None:
     return Eta(**figures, elapsed_s=elapsed, left_s=None if left is None else max(0.0, left), basis=basis)
 
 
-def _tokens_done(s: JobState) -> int:
+def _tokens_done(s: JobView) -> int:
     """Tokens this run has written (a resumed job's forecast counts only what is left): finished nodes' usage, or
     more where the servers counted the ones in flight."""
     base, last = s.write_base, s.last_sample
@@ -124,7 +154,7 @@ def _tokens_done(s: JobState) -> int:
     return max(s.tokens_asked, base[2] + int(last[1] - base[1]))
 
 
-def _live_whole_job_s(s: JobState) -> float | None:
+def _live_whole_job_s(s: JobView) -> float | None:
     """The whole job's seconds at the writing rate the servers count, plus the forecast's time after writing
     (assembly, typesetting), which no token rate measures; None until that rate can be trusted."""
     f = s.forecast
