@@ -41,7 +41,7 @@ from orchestrator import Settings, agenerate
 from orchestrator.core.config import PRESETS
 from orchestrator.core.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
 from orchestrator.sim.launch import SimFleet
-from orchestrator.views.timeline import Timeline
+from orchestrator.views.timeline import RunTimeline
 
 STEP_MS, PER_STREAM_MS, CAP = 12.94, 0.2451, 256
 
@@ -91,7 +91,7 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
     preset.update(shape or {})
     settings = Settings(**preset, pipeline=pipeline, formats=("md",))
     rec = Recorder()
-    chart = Timeline(time_scale=time_scale)  # model seconds; it reads the job's own /metrics samples
+    chart = RunTimeline(time_scale=time_scale)  # model seconds; it reads the job's own /metrics samples
     with SimFleet(cards, time_scale=time_scale, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS, stream_interval=4,
                   startup_timeout=60.0) as fleet:
         cpu0 = time.process_time()

@@ -579,11 +579,11 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
 
     from orchestrator import Settings, agenerate
     from orchestrator.sim.launch import SimFleet
-    from orchestrator.views.progress import Progress
+    from orchestrator.views.progress import TerminalProgress
 
     ARTIFACTS.mkdir(exist_ok=True)
     log = StringIO()
-    progress = Progress(Console(file=log, force_terminal=False, width=240), plain_interval=0.5)
+    progress = TerminalProgress(Console(file=log, force_terminal=False, width=240), plain_interval=0.5)
     with SimFleet(cards=2, time_scale=1.5) as fleet:
         async with HostileProxy(fleet.urls[0]) as proxy, Feed(port=0, linger=0) as feed, open_browser() as b:
             page = b.page

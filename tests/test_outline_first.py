@@ -194,6 +194,26 @@ def test_write_cannot_change_what_the_sections_are_asked(cards, tmp_path):
     assert proc.returncode == 2 and "--model" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_write_has_a_flag_for_every_setting_it_may_change_and_no_flag_it_ignores():
+    # One rule, one place: the settings `write` may change are stepwise.WRITE_OVERRIDES; its flags follow them.
+    from orchestrator.cli import write
+    from orchestrator.cli.common import OneLineParser
+    from orchestrator.job.stepwise import WRITE_OVERRIDES
+
+    parser = OneLineParser(prog="handbook write")
+    write.add_arguments(parser)
+    dests = {a.dest for a in parser._actions}
+    assert set(write._FLAG_OF) <= WRITE_OVERRIDES, "the flag table names a setting `write` may not change"
+    flags = write._flags()
+    flagless = {s for s, flag in write._FLAG_OF.items() if flag is None}
+    assert set(flags.values()) | flagless == WRITE_OVERRIDES
+    missing = {setting: flag for flag, setting in flags.items() if flag not in dests}
+    assert not missing, f"settings `write` may change but has no flag for (or the table must say None): {missing}"
+    not_settings = {"help", "dir", "backend", "model", "feed", "feed_linger", "quiet"}  # model: refused, one line
+    ignored = dests - set(flags) - not_settings
+    assert not ignored, f"`handbook write` flags that change no setting: {ignored}"
+
+
 # -- budgets ------------------------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from orchestrator.core.events import (
 from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.core.reply import Reply
 from orchestrator.views.jobstate import JobState, short_url
-from orchestrator.views.progress import Progress
+from orchestrator.views.progress import TerminalProgress
 
 A = "http://gpu1:8000/v1"
 B = "http://gpu2:8001/v1"
@@ -93,7 +93,7 @@ def test_a_restart_without_a_failure_event_does_not_leak_in_flight():
 def test_plain_lines_off_a_terminal():
     out = StringIO()
     console = Console(file=out, force_terminal=False, width=200)
-    progress = Progress(console, plain_interval=0.05)
+    progress = TerminalProgress(console, plain_interval=0.05)
     assert progress.live_mode is False
     with progress:
         for e in script():
@@ -125,7 +125,7 @@ def test_plain_lines_off_a_terminal():
 
 
 def test_plain_line_before_the_outline_and_without_server_counters():
-    progress = Progress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+    progress = TerminalProgress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
     progress(JobStarted("p", (A,), {}, 0.0))
     progress(LevelPlanned(1, 8, 1.0))
     line = progress.plain_line()
@@ -141,7 +141,7 @@ def test_plain_line_before_the_outline_and_without_server_counters():
 def test_rich_live_display_on_a_terminal():
     out = StringIO()
     console = Console(file=out, force_terminal=True, width=120, height=40, color_system="truecolor")
-    progress = Progress(console)
+    progress = TerminalProgress(console)
     assert progress.live_mode is True
     with progress:
         anyio.run(lambda: synthetic_job(progress, parts=1, chapters=2, sections=3, chunk_delay=0.002,
@@ -155,7 +155,7 @@ def test_rich_live_display_on_a_terminal():
     assert "finished with problems (1 failed sections)" in plain
     assert "forecast" not in plain and "ETA" not in plain  # this job made no forecast
     # Rendering straight away (no events at all) works too.
-    Console(file=StringIO(), force_terminal=True, width=60).print(Progress(console)._render())
+    Console(file=StringIO(), force_terminal=True, width=60).print(TerminalProgress(console)._render())
 
 
 def test_short_url():
@@ -186,7 +186,7 @@ def test_planning_nodes_leave_flight_when_their_children_start():
 
 
 def test_plain_line_while_planning_and_writing_overlap():
-    progress = Progress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+    progress = TerminalProgress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
     progress(JobStarted("p", (A,), {"parts": 2, "chapters": 2, "sections": 2}, 0.0))
     progress(LevelPlanned(1, 2, 1.0))
     progress(NodeStarted("1.1.1", "section", "S", A, 1, 2.0))
@@ -197,7 +197,7 @@ def test_plain_line_while_planning_and_writing_overlap():
 
 def test_a_rate_over_some_backends_is_labelled_as_such():
     # B answers /metrics without a token counter: the rate is A's alone, and every view says so
-    progress = Progress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+    progress = TerminalProgress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
     progress(JobStarted("p", (A, B), {}, 0.0))
     partial = {A: {"tokens": 600.0, "running": 1.0, "waiting": 0.0}, B: {"tokens": None, "running": 2.0,
                                                                           "waiting": 0.0}}
@@ -291,7 +291,7 @@ def test_a_rate_over_part_of_the_fleet_is_not_used_for_the_eta():
 
 def test_plain_lines_show_the_forecast_beside_the_live_figures():
     out = StringIO()
-    progress = Progress(Console(file=out, force_terminal=False, width=300), plain_interval=60)
+    progress = TerminalProgress(Console(file=out, force_terminal=False, width=300), plain_interval=60)
     with progress:
         for e in forecast_job():
             progress(e)
@@ -310,7 +310,7 @@ def test_plain_lines_show_the_forecast_beside_the_live_figures():
 
 
 def test_the_live_display_shows_the_forecast_and_the_eta():
-    progress = Progress(Console(file=StringIO(), force_terminal=True), plain_interval=60)
+    progress = TerminalProgress(Console(file=StringIO(), force_terminal=True), plain_interval=60)
     for e in forecast_job():
         progress(e)
     progress(NodeStarted("1.1.1", "section", "s1", A, 1, 105.0))
@@ -354,7 +354,7 @@ def test_a_resumed_job_measures_its_forecast_against_what_it_writes():
 
 def test_a_live_display_of_a_forecast_job_closes_with_how_good_the_forecast_was():
     out = StringIO()
-    progress = Progress(Console(file=out, force_terminal=True, width=160, height=40, color_system="truecolor"))
+    progress = TerminalProgress(Console(file=out, force_terminal=True, width=160, height=40, color_system="truecolor"))
     with progress:
         anyio.run(lambda: synthetic_job(progress, parts=1, chapters=2, sections=3, chunk_delay=0.002, words=40,
                                         forecast_s=30.0, pdf_pages=3))
@@ -375,14 +375,14 @@ PDF_LINE = "PDF ready 154.2 s after start, 6.1 s after the last section (1,348 A
 def test_a_job_with_a_pdf_closes_with_when_it_was_ready(pdf: bool):
     stats = PDF_STATS if pdf else {**PDF_STATS, "pdf_ready_s": None, "typeset_after_write_s": None}
     out = StringIO()
-    with Progress(Console(file=out, force_terminal=False, width=300), plain_interval=60) as progress:
+    with TerminalProgress(Console(file=out, force_terminal=False, width=300), plain_interval=60) as progress:
         for e in script():
             progress(e)
         progress(JobFinished(stats, False, 104.0))
     lines = out.getvalue().splitlines()
     assert lines[-1].startswith("job finished with problems")
     assert (lines[-2] == PDF_LINE) if pdf else ("PDF ready" not in out.getvalue())  # no PDF: nothing said of one
-    live = Progress(Console(file=StringIO(), force_terminal=True), plain_interval=60)
+    live = TerminalProgress(Console(file=StringIO(), force_terminal=True), plain_interval=60)
     for e in forecast_job():
         live(e)
     console = Console(record=True, width=160, file=StringIO())

@@ -13,7 +13,7 @@ from orchestrator import cli
 from orchestrator.cli.job import resolve
 from orchestrator.core.events import Delta, JobStarted, MetricsSample, NodeFailed, NodeFinished, NodeStarted
 from orchestrator.core.reply import Reply
-from orchestrator.views.timeline import Timeline
+from orchestrator.views.timeline import RunTimeline
 
 PROMPT = "Write me a complete software engineering handbook"
 SHAPE = ["--parts", "2", "--chapters", "3", "--sections", "4", "--words", "40", "--max-tokens", "80"]
@@ -117,7 +117,7 @@ def reply(backend: str, t_start: float, t_end: float) -> Reply:
 
 def test_the_consumer_counts_requests_not_journal_answers_and_scales_time(tmp_path):
     a, b = "http://a/v1", "http://b/v1"
-    tl = Timeline(time_scale=2.0, caps={a: 1, b: 1})
+    tl = RunTimeline(time_scale=2.0, caps={a: 1, b: 1})
     events = [
         JobStarted(PROMPT, (a, b), {"cap": 1}, 100.0),
         NodeStarted("", "book", "B", a, 1, 100.0),
@@ -159,7 +159,7 @@ def test_a_continued_section_is_not_counted_in_flight_while_its_continuation_wai
     lease. The first reply's request ends where it ended (the finished section's reply keeps its t_end), so the
     card never shows more streams than its cap."""
     a = "http://a/v1"
-    tl = Timeline(caps={a: 1})
+    tl = RunTimeline(caps={a: 1})
     for ev in [
         JobStarted(PROMPT, (a,), {"cap": 1}, 0.0),
         NodeStarted("1.1.1", "section", "S", a, 1, 0.0),  # the first reply: 0 -> 2 (cut at the cap)

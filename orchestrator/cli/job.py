@@ -313,9 +313,9 @@ async def _run_with_displays(call, settings, args, report, done: dict[str, int])
     progress = None
     async with AsyncExitStack() as stack:
         if not args.quiet:
-            from ..views.progress import Progress
+            from ..views.progress import TerminalProgress
 
-            progress = stack.enter_context(Progress())
+            progress = stack.enter_context(TerminalProgress())
             consumers.append(progress)
         feed = None
         if args.feed is not None:

@@ -6,6 +6,7 @@ import argparse
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ..core.config import Backend, settings_from
 from ..core.errors import ConfigError
@@ -22,10 +23,29 @@ from .job import (
     run_with_displays,
 )
 
-# flag -> the setting it overrides (the only ones `write` may change: stepwise.WRITE_OVERRIDES)
-_FLAGS = {"api_key": "api_key", "cap": "cap", "attempts": "attempts", "first_token_timeout": "first_token_timeout_s",
-          "chunk_timeout": "chunk_timeout_s", "request_timeout": "request_timeout_s", "format": "formats",
-          "ladder": "ladder", "forecast": "forecast", "timeline": "timeline"}
+# The flag (argparse dest) that sets each setting `write` may change (stepwise.WRITE_OVERRIDES), where it is not
+# the setting's own name; None: `handbook write` has no flag for it (the library's awrite takes it in settings).
+# A setting added to WRITE_OVERRIDES gets the flag of its own name, and tests/test_outline_first.py fails until
+# `write` has that flag or this table names another (or None).
+_FLAG_OF: dict[str, str | None] = {
+    "first_token_timeout_s": "first_token_timeout", "chunk_timeout_s": "chunk_timeout",
+    "request_timeout_s": "request_timeout", "formats": "format",
+    "typeset_while_writing": "typeset_after_writing",  # on: the setting is False (_INVERTED)
+    "connect_timeout_s": None, "metrics_interval_s": None, "interrupt_grace_s": None, "all_down_timeout_s": None,
+}
+_INVERTED = frozenset({"typeset_while_writing"})  # settings whose flag (store_true) turns them off
+
+
+def _flags() -> dict[str, str]:
+    """flag (argparse dest) -> the setting it overrides, for every setting `write` may change that has a flag."""
+    from ..job.stepwise import WRITE_OVERRIDES
+
+    flags: dict[str, str] = {}
+    for setting in sorted(WRITE_OVERRIDES):
+        flag = _FLAG_OF.get(setting, setting)
+        if flag is not None:
+            flags[flag] = setting
+    return flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         raise ConfigError("--model cannot change between `handbook plan` and `handbook write`: the journal "
                           "records the model the outline was made with")
-    values = {setting: getattr(args, flag) for flag, setting in _FLAGS.items() if getattr(args, flag)}
-    if args.typeset_after_writing:
-        values["typeset_while_writing"] = False
+    values: dict[str, Any] = {setting: False if setting in _INVERTED else getattr(args, flag)
+                              for flag, setting in _flags().items() if getattr(args, flag)}
     if "ladder" in values:
         values["ladder"] = os.path.abspath(values["ladder"])
     if "api_key" not in values and os.environ.get("OPENAI_API_KEY"):

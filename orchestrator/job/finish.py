@@ -28,7 +28,7 @@ from .report import JobRecord, build_stats
 
 if TYPE_CHECKING:
     from ..typeset.background import BackgroundTypesetter
-    from ..views.timeline import Timeline
+    from ..views.timeline import RunTimeline
     from .writing import Written
 
 log = logging.getLogger("handbook")
@@ -75,7 +75,7 @@ class JobInfo:
     model: str
     t_start: float  # time.monotonic() when the job started
     forecast: dict[str, Any] | None = None  # forecast.json, when a forecast was made
-    timeline: Timeline | None = None  # --timeline: the consumer that saw the run (timeline.png, timeline.json)
+    timeline: RunTimeline | None = None  # --timeline: the consumer that saw the run (timeline.png, timeline.json)
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,16 @@
 """The job: plan -> dispatch -> assemble -> typeset -> report, with one stream of events to every consumer.
 
-``generate``/``agenerate`` are the library's entry points. A job discovers its backends, writes every section
-(``orchestrator.writing``), then saves and typesets the book (``orchestrator.finish``).
+``generate``/``agenerate`` are the library's entry points. A job discovers its backends (``orchestrator.connect``),
+writes every section (``orchestrator.writing``), then saves and typesets the book (``orchestrator.finish``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..core.config import Backend, Settings, slugify, unique_backends
+from ..core.config import Backend, Settings, slugify
 from ..core.errors import (
     BackendError,
     ConfigError,
@@ -42,9 +41,9 @@ from ..dispatch.journal import Journal
 from ..forecasting import StepFit
 from ..forecasting import forecast as forecast_of
 from ..planning import Planner
-from ..views.timeline import Timeline
-from ..wire.client import BackendClient, discover
+from ..views.timeline import RunTimeline
 from ..wire.sseproto import event_loop_options
+from .connect import backends_up, discover_all, open_clients
 from .finish import JobInfo, Planned, Result, publish, save_book, save_plan, write_json
 from .forecast_file import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
 from .writing import Writer, stopped_message
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
     from ..typeset.background import BackgroundTypesetter
 
 log = logging.getLogger("handbook")
-
-DISCOVER_TIMEOUT_S = 7.0  # an unreachable backend is reported within 10 s
 
 
 class _Bus:
@@ -71,11 +68,6 @@ class _Bus:
             except Exception as e:  # a display bug must not lose the book
                 log.warning("an event consumer failed and was detached: %s: %s", type(e).__name__, e)
                 self.consumers.remove(c)
-
-
-def _engine_progress(message: str) -> None:
-    # The engine takes about a minute to start on 2 cores: say what it is doing rather than stay silent.
-    print(f"handbook: local engine: {message}", file=sys.stderr, flush=True)
 
 
 def default_out(prompt: str) -> Path:
@@ -103,8 +95,8 @@ async def agenerate(
     dispatching, lets requests in flight finish for ``settings.interrupt_grace_s`` and returns what exists with
     ``Result.interrupted``; a second raises Interrupted at once. Off by default: a library call inside someone
     else's event loop leaves their signals alone."""
-    result = await session(prompt, backends, settings, out, on_event, Mode(), deltas=deltas, fresh=fresh,
-                           handle_sigint=handle_sigint)
+    result = await session(prompt, backends, settings, out, on_event, Mode(),
+                           Options(deltas=deltas, fresh=fresh, handle_sigint=handle_sigint))
     assert isinstance(result, Result)
     return result
 
@@ -118,6 +110,16 @@ class Mode:
     outline: Outline | None = None
 
 
+@dataclass(frozen=True)
+class Options:
+    """How a session runs, whatever its Mode: ``deltas``: a Delta event for every piece of streamed text;
+    ``fresh``: ignore the journal in the out dir; ``handle_sigint``: take over Ctrl-C (see ``agenerate``)."""
+
+    deltas: bool = False
+    fresh: bool = False
+    handle_sigint: bool = False
+
+
 async def session(
     prompt: str,
     backends: Sequence[Backend | str] | None,
@@ -125,10 +127,7 @@ async def session(
     out: str | os.PathLike | None,
     on_event: Callable[[Event], None] | Sequence[Callable[[Event], None]] | None,
     mode: Mode,
-    *,
-    deltas: bool = False,
-    fresh: bool = False,
-    handle_sigint: bool = False,
+    options: Options,
 ) -> Result | Planned:
     """The one way a job runs, for ``agenerate``, ``aplan`` and ``awrite`` (orchestrator.stepwise)."""
     settings = settings or Settings()
@@ -136,12 +135,8 @@ async def session(
         raise ConfigError("the prompt is empty: say what the book should be about")
     prompt = prompt.strip()
     out_dir = prepare_out(out, prompt)
-    consumers: list[Callable[[Event], None]] = []
-    if callable(on_event):
-        consumers.append(on_event)
-    elif on_event:
-        consumers.extend(on_event)
-    bus = _Bus(consumers)
+    bus = _bus_of(on_event)
+    fresh = options.fresh
 
     # The journal is opened before any backend is asked: another job's journal is bad input, found at once. Only
     # a budget to fit (--pages, --minutes) waits for the backends: the shape it chooses is part of the journal's key.
@@ -152,8 +147,7 @@ async def session(
 
     def job_for(settings: Settings, budget: Budget | None) -> _Job:
         journal = Journal.open(out_dir, prompt, settings, fresh=fresh)
-        return _Job(prompt, settings, out_dir, bus, journal, mode, budget=budget, deltas=deltas,
-                    handle_sigint=handle_sigint)
+        return _Job(prompt, settings, out_dir, bus, journal, mode, budget=budget, options=options)
 
     job = job_for(settings, budget) if budget is not None or not budgeted else None
     try:
@@ -183,25 +177,21 @@ async def session(
             job.journal.close()
 
 
+def _bus_of(on_event: Callable[[Event], None] | Sequence[Callable[[Event], None]] | None) -> _Bus:
+    consumers: list[Callable[[Event], None]] = []
+    if callable(on_event):
+        consumers.append(on_event)
+    elif on_event:
+        consumers.extend(on_event)
+    return _Bus(consumers)
+
+
 def _ended(job: _Job | None, error: BaseException) -> BaseException:
     """``error``, the job's end: a job that could not make its outline, or hit a bug of ours, failed; one whose
     backends all went away was aborted (the journal's word for the run)."""
     if job is not None and isinstance(error, PlanError | InternalError):
         job.status = RunStatus.FAILED
     return error
-
-
-@asynccontextmanager
-async def backends_up(backends: Sequence[Backend | str] | None, settings: Settings) -> AsyncIterator[list[Backend]]:
-    """The backends asked for, or the embedded local engine (started here, stopped on leaving) when none is."""
-    if backends:
-        yield unique_backends([b if isinstance(b, Backend) else Backend(b, cap=settings.cap) for b in backends])
-        return
-    from ..engine import LocalEngine  # the embedded default: a real model on the CPU
-
-    async with LocalEngine(on_progress=_engine_progress) as engine:
-        assert engine.url is not None  # set on entering
-        yield [Backend(engine.url, cap=settings.cap)]
 
 
 def generate(
@@ -236,31 +226,20 @@ def generate(
     )
 
 
-async def discover_all(backends: list[Backend], settings: Settings) -> list[tuple[Backend, str]]:
-    found: list[tuple[Backend, str] | HandbookError] = [None] * len(backends)  # type: ignore[list-item]
-    timeout = min(settings.connect_timeout_s, DISCOVER_TIMEOUT_S)
+@dataclass(frozen=True)
+class _Setup:
+    """What ``_Job.run`` set up for the writing: the job as known before it began (its backends' URLs, the model,
+    the start, the forecast, the timeline), the backends as discovered with their in-flight caps, the step fits
+    (`handbook plan` forecasts its outline with them), the model profile, the writer and the background typesetter
+    (None: the PDF is laid out after the writing)."""
 
-    async def one(i: int, b: Backend) -> None:
-        try:
-            found[i] = (b, await discover(b, settings.api_key, settings.model, timeout_s=timeout))
-        except HandbookError as e:
-            found[i] = e
-
-    async with anyio.create_task_group() as tg:
-        for i, b in enumerate(backends):
-            tg.start_soon(one, i, b)
-    errors = [e for e in found if isinstance(e, HandbookError)]
-    config_errors = [e for e in errors if isinstance(e, ConfigError)]
-    if config_errors:
-        raise config_errors[0]
-    ok = [x for x in found if not isinstance(x, HandbookError)]
-    if not ok:
-        if len(errors) == 1:
-            raise errors[0]
-        raise BackendError("no backend reachable: " + "; ".join(str(e) for e in errors))
-    for e in errors:
-        log.warning("leaving out a backend: %s", e)
-    return ok
+    job: JobInfo
+    usable: list[tuple[Backend, str]]
+    caps: list[int]
+    fits: list[StepFit]
+    profile: Profile
+    writer: Writer
+    background: BackgroundTypesetter | None
 
 
 class _Job:
@@ -269,7 +248,7 @@ class _Job:
     the journal)."""
 
     def __init__(self, prompt: str, settings: Settings, out_dir: Path, bus: _Bus, journal: Journal, mode: Mode, *,
-                 budget: Budget | None, deltas: bool, handle_sigint: bool):
+                 budget: Budget | None, options: Options):
         self.mode = mode
         self.budget = budget
         self.prompt = prompt
@@ -277,8 +256,8 @@ class _Job:
         self.out_dir = out_dir
         self.bus = bus
         self.journal = journal
-        self.deltas = deltas
-        self.handle_sigint = handle_sigint
+        self.deltas = options.deltas
+        self.handle_sigint = options.handle_sigint
         self.status: RunStatus = RunStatus.ABORTED
         self.requests = 0
         self.no_forecast: str | None = None
@@ -295,7 +274,7 @@ class _Job:
         urls = tuple(b.url for b, _ in usable)
         with _output_errors(journal):  # forecast.json
             fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
-        timeline = Timeline(caps=dict(zip(urls, caps, strict=True))) if settings.timeline else None  # --timeline
+        timeline = RunTimeline(caps=dict(zip(urls, caps, strict=True))) if settings.timeline else None  # --timeline
         if timeline is not None:
             bus.consumers.append(timeline)
         t_start = time.monotonic()
@@ -316,27 +295,25 @@ class _Job:
         if background is not None:
             bus.consumers.append(background)
             writer.on_section = background.section_landed
+        job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast, timeline)
         try:
-            return await self._write_and_publish(writer, background, usable, caps, urls, fits, forecast, t_start,
-                                                 timeline, profile)
+            return await self._write_and_publish(_Setup(job, usable, caps, fits, profile, writer, background))
         finally:
             if background is not None:
                 bus.consumers.remove(background)
                 with anyio.CancelScope(shield=True):  # a second Ctrl-C too: the workers are stopped, not left
                     await anyio.to_thread.run_sync(background.close)
 
-    async def _write_and_publish(self, writer: Writer, background: BackgroundTypesetter | None,
-                                 usable: list[tuple[Backend, str]], caps: list[int], urls: tuple[str, ...],
-                                 fits: list[StepFit], forecast: dict[str, Any] | None, t_start: float,
-                                 timeline: Timeline | None, profile: Profile) -> Result | Planned:
+    async def _write_and_publish(self, setup: _Setup) -> Result | Planned:
         settings, bus, journal = self.settings, self.bus, self.journal
+        job, writer, background = setup.job, setup.writer, setup.background
         from ..metrics import MetricsSampler
 
-        async with _clients(usable, settings) as clients:
-            fleet = Fleet(clients, caps, bus, all_down_timeout=settings.all_down_timeout_s)
+        async with open_clients(setup.usable, settings) as clients:
+            fleet = Fleet(clients, setup.caps, bus, all_down_timeout=settings.all_down_timeout_s)
             dispatcher = Dispatcher(fleet, bus, settings.attempts, self.deltas, journal=journal)
-            sampler = MetricsSampler(urls, interval=settings.metrics_interval_s, on_sample=bus)
-            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, profile=profile)
+            sampler = MetricsSampler(job.backends, interval=settings.metrics_interval_s, on_sample=bus)
+            planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, profile=setup.profile)
             try:
                 written = await writer.run(fleet, dispatcher, planner, sampler, outline=self.mode.outline,
                                            plan_only=self.mode.plan_only)
@@ -349,11 +326,10 @@ class _Job:
 
         if journal.failure is not None:  # nothing more is written where the journal could not keep what it had
             raise journal.failure
-        job = JobInfo(self.prompt, settings, self.out_dir, urls, usable[0][1], t_start, forecast, timeline)
         if self.mode.plan_only:
             self.status = RunStatus.PLANNED if written.outline is not None else status_after(written.stop)
             with _output_errors(journal):
-                planned = save_plan(job, written, partial(self._plan_forecast, fits))
+                planned = save_plan(job, written, partial(self._plan_forecast, setup.fits))
             if written.stop == Stop.ALL_DOWN and written.outline is None:
                 raise BackendError(stopped_message(journal, str(written.all_down_error)))
             return planned
@@ -416,26 +392,3 @@ def _warn_if_edited(out_dir: Path, outline: Outline) -> None:
     if edits_in(out_dir, outline)[0]:
         log.warning("%s differs from the outline this job resumes, which it leaves alone; write the edited outline "
                     "with: handbook write %s", out_dir / FILENAME, out_dir)
-
-
-@asynccontextmanager
-async def _clients(usable: list[tuple[Backend, str]], settings: Settings) -> AsyncIterator[list[BackendClient]]:
-    """One entered BackendClient per backend. They are closed under a shielded scope, each whatever happened to
-    the others: a caller that cancels the job (``anyio.move_on_after`` around ``agenerate``) while they close
-    still gets every session and pooled connection closed, none left open in its process."""
-    clients = [
-        BackendClient(
-            b, model, api_key=settings.api_key, connect_timeout=settings.connect_timeout_s,
-            first_token_timeout=settings.first_token_timeout_s, chunk_timeout=settings.chunk_timeout_s,
-            request_timeout=settings.request_timeout_s,
-        )
-        for b, model in usable
-    ]
-    stack = AsyncExitStack()
-    try:
-        for c in clients:
-            await stack.enter_async_context(c)
-        yield clients
-    finally:
-        with anyio.CancelScope(shield=True):
-            await stack.aclose()

@@ -26,8 +26,9 @@ from ..core.outline_md import read_outline_md
 from ..dispatch.journal import FILENAME as JOURNAL_FILE
 from ..dispatch.journal_schema import peek_job
 from ..forecasting import Forecast, fits_from_ladder, forecast, probe_fits
+from .connect import backends_up, discover_all
 from .finish import Planned, Result
-from .run import Mode, backends_up, default_out, discover_all, session
+from .run import Mode, Options, default_out, session
 
 __all__ = ["aforecast", "aplan", "awrite", "forecast_of", "plan", "plan_job", "write", "write_settings"]
 
@@ -48,8 +49,8 @@ async def plan_job(prompt: str, backends: Sequence[Backend | str] | None = None,
     """Plan the book only: ``out/outline.md`` (for a person to edit), ``outline.json`` and ``forecast.json`` (what
     writing it will take on these backends); ``settings.pages`` / ``settings.minutes`` fit the shape to a budget.
     What `handbook plan` runs; ``aplan`` is the same returning the outline."""
-    result = await session(prompt, backends, settings, out, on_event, Mode(plan_only=True), fresh=fresh,
-                           handle_sigint=handle_sigint)
+    result = await session(prompt, backends, settings, out, on_event, Mode(plan_only=True),
+                           Options(fresh=fresh, handle_sigint=handle_sigint))
     assert isinstance(result, Planned)
     return result
 
@@ -103,7 +104,7 @@ async def awrite(outline: Outline | str | os.PathLike[str], backends: Sequence[B
     outline, out_dir = _outline_and_dir(outline, out)
     prompt, planned = write_settings(out_dir)
     result = await session(prompt or outline.title, backends, settings or planned, out_dir, on_event,
-                           Mode(outline=outline), deltas=deltas, handle_sigint=handle_sigint)
+                           Mode(outline=outline), Options(deltas=deltas, handle_sigint=handle_sigint))
     assert isinstance(result, Result)
     return result
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core.events import Delta, Event, JobFinished, NodeFailed, NodeFinished, NodeStarted
 from .jobstate import JobState
+from .words import figure
 
 __all__ = ["ClientQueue", "FeedState"]
 
@@ -172,20 +173,16 @@ class Recent:
         return out
 
 
-def _figure(x: object) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
 def _pdf_ready(stats: dict[str, Any]) -> dict[str, Any] | None:
     """The reader's wait for the PDF, from stats.json: ``ready_s`` (the job's start to book.pdf on disk),
     ``after_write_s`` (the last section to book.pdf), ``pages``; None when the job made no PDF."""
-    ready = _figure(stats.get("pdf_ready_s"))
+    ready = figure(stats.get("pdf_ready_s"))
     if ready is None:
         return None
     pages = stats.get("pdf_pages")
     return {
         "ready_s": ready,
-        "after_write_s": _figure(stats.get("typeset_after_write_s")),
+        "after_write_s": figure(stats.get("typeset_after_write_s")),
         "pages": pages if isinstance(pages, int) and not isinstance(pages, bool) else None,
     }
 
@@ -201,46 +198,59 @@ class FeedState:
     def deliver(self, e: Event) -> None:
         """Fold one event in and queue its news for every browser (on the feed's event loop)."""
         if isinstance(e, Delta):
-            recent = self.recent.items.get(e.path)
-            kind = recent["k"] if recent is not None else ("section" if e.path.count(".") == 2 else "plan")
-            if kind != "section":
-                return  # planning nodes stream JSON title lists: their heading is shown, not their raw text
-            self.recent.text(e.path, e.text)
-            for client in self.clients:
-                client.add_text(e.path, e.text)
-                client.wake.set()
+            self._text(e)
             return
         for path in self.job.update(e):  # planning nodes that this event showed to be done
             self.recent.status(path, "done")
             for client in self.clients:
                 client.op(path).status = "done"
-        if isinstance(e, NodeStarted):
-            self.recent.start(e)
-            for client in self.clients:
-                op = client.op(e.path)
-                if op.attempt is not None and op.attempt != e.attempt:
-                    client.nbytes -= op.nbytes
-                    op.chunks, op.nbytes = [], 0
-                op.kind, op.title, op.attempt, op.reset = e.kind, e.title, e.attempt, True
-                op.status = op.error = None
-        elif isinstance(e, NodeFinished):
-            self.recent.status(e.path, "done")
-            for client in self.clients:
-                op = client.op(e.path)
-                op.status, op.error = "done", None
-        elif isinstance(e, NodeFailed):
-            status = "failed" if e.final else "retry"
-            error = e.error[:ERROR_CHARS]
-            self.recent.status(e.path, status, error)
-            for client in self.clients:
-                op = client.op(e.path)
-                op.status, op.error = status, error
-        elif isinstance(e, JobFinished):
-            for client in self.clients:
-                client.final_pending = True
+        match e:
+            case NodeStarted():
+                self._node_started(e)
+            case NodeFinished():
+                self._node_finished(e)
+            case NodeFailed():
+                self._node_failed(e)
+            case JobFinished():
+                for client in self.clients:
+                    client.final_pending = True
         for client in self.clients:
             client.status_dirty = True
             client.wake.set()
+
+    def _text(self, e: Delta) -> None:
+        recent = self.recent.items.get(e.path)
+        kind = recent["k"] if recent is not None else ("section" if e.path.count(".") == 2 else "plan")
+        if kind != "section":
+            return  # planning nodes stream JSON title lists: their heading is shown, not their raw text
+        self.recent.text(e.path, e.text)
+        for client in self.clients:
+            client.add_text(e.path, e.text)
+            client.wake.set()
+
+    def _node_started(self, e: NodeStarted) -> None:
+        self.recent.start(e)
+        for client in self.clients:
+            op = client.op(e.path)
+            if op.attempt is not None and op.attempt != e.attempt:
+                client.nbytes -= op.nbytes
+                op.chunks, op.nbytes = [], 0
+            op.kind, op.title, op.attempt, op.reset = e.kind, e.title, e.attempt, True
+            op.status = op.error = None
+
+    def _node_finished(self, e: NodeFinished) -> None:
+        self.recent.status(e.path, "done")
+        for client in self.clients:
+            op = client.op(e.path)
+            op.status, op.error = "done", None
+
+    def _node_failed(self, e: NodeFailed) -> None:
+        status = "failed" if e.final else "retry"
+        error = e.error[:ERROR_CHARS]
+        self.recent.status(e.path, status, error)
+        for client in self.clients:
+            op = client.op(e.path)
+            op.status, op.error = status, error
 
     def status(self) -> dict[str, Any]:
         with self.job.lock:

@@ -107,94 +107,121 @@ class JobState:
     def _update(self, e: Event) -> None:
         if isinstance(e, Delta):
             return
-        t = getattr(e, "t", None)
+        self._clock(getattr(e, "t", None))
+        match e:
+            case NodeStarted():
+                self._node_started(e)
+            case NodeFinished():
+                self._node_finished(e)
+            case NodeFailed():
+                self._node_failed(e)
+            case MetricsSample():
+                self._sample(e)
+            case LevelPlanned():
+                self._level_planned(e)
+            case OutlineReady():
+                self._outline_ready(e)
+            case BackendState():
+                self.health[e.url] = (e.healthy, e.reason)
+            case ForecastReady():
+                self.forecast = e
+            case JobStarted():
+                self._job_started(e)
+            case JobFinished():
+                self._job_finished(e)
+
+    def _clock(self, t: float | None) -> None:
         if t is not None:
             if self.t0 is None:
                 self.t0 = t
             self.t_last = t if self.t_last is None else max(self.t_last, t)
-        if isinstance(e, NodeStarted):
-            self._end_attempt(e.path)
-            self._parents_done(e.path)
-            self.active[e.path] = e.backend
-            self.inflight[e.backend] = self.inflight.get(e.backend, 0) + 1
-            self._know(e.backend)
-            if e.kind == "section" and not self.writing:
-                self.writing = True
-                if self.last_sample is not None:
-                    self.write_base = (*self.last_sample, self.tokens_asked)
-        elif isinstance(e, NodeFinished):
-            asked = e.path in self.active  # else the journal answered it: no attempt in this run
-            self._end_attempt(e.path)
-            new = e.path not in (self.sections_done if e.kind == "section" else self.planned)
-            tokens = max(0, int(e.reply.completion_tokens or 0)) if new else 0
-            self.tokens_written += tokens
-            self.tokens_asked += tokens if asked else 0
-            if e.kind == "section":
-                self.sections_done.add(e.path)
-                self.sections_failed.discard(e.path)
-                self._sections_over(e.t)
-            elif new:
-                self.planned.add(e.path)
-                self.plan_done += 1
-        elif isinstance(e, NodeFailed):
-            self._end_attempt(e.path)
-            self.errors[e.backend] = self.errors.get(e.backend, 0) + 1
-            self._know(e.backend)
-            if e.final:
-                self.nodes_failed.add(e.path)
-                if e.kind == "section":
-                    self.sections_failed.add(e.path)
-                    self._sections_over(e.t)
-                self.last_failure = f"{e.kind} {e.path} {e.title!r}: {e.error}"
-            else:
-                self.retries += 1
-        elif isinstance(e, MetricsSample):
-            self.samples += 1
-            if e.tokens is not None:
-                if self.first_sample is None:
-                    self.first_sample = (e.t, float(e.tokens))
-                self.last_sample = (e.t, float(e.tokens))
-                if self.write_base is None and self.writing:
-                    self.write_base = (e.t, float(e.tokens), self.tokens_asked)
-            self.rate = None if e.rate_tok_s is None else float(e.rate_tok_s)
-            self.rate_t = e.t
-            if e.rate_tok_s is not None:
-                self.rate_history.append((e.t, float(e.rate_tok_s)))
-            self.servers = {url: dict(v) for url, v in e.per_backend.items()}
-            self.metered_backends = len(e.per_backend)
-            self.counted_backends = sum(1 for v in e.per_backend.values() if v.get("tokens") is not None)
-            for url in e.per_backend:
-                self._know(url)
-        elif isinstance(e, LevelPlanned):
-            self.levels[e.level] = e.nodes
-            if e.level == 3:
-                self.sections_total = e.nodes
-        elif isinstance(e, OutlineReady):
-            self.title = e.outline.title
-            self.sections_total = e.outline.shape[2]
-            for path in [p for p in self.active if p.count(".") < 2]:  # every planning node is done by now
-                self._plan_node_done(path)
-        elif isinstance(e, BackendState):
-            self.health[e.url] = (e.healthy, e.reason)
-        elif isinstance(e, ForecastReady):
-            self.forecast = e
-        elif isinstance(e, JobStarted):
-            self.prompt = e.prompt
-            for url in e.backends:
-                self._know(url)
-            settings = e.settings if isinstance(e.settings, dict) else {}
-            cap = settings.get("cap")
-            self.cap = cap if isinstance(cap, int) and cap > 0 else None
-            shape = [settings.get(k) for k in ("parts", "chapters", "sections")]
-            parts, chapters, sections = (x if isinstance(x, int) and x > 0 else 0 for x in shape)
-            if parts and chapters and sections:
-                self.sections_expected = parts * chapters * sections
-        elif isinstance(e, JobFinished):
-            self.finished = True
-            self.complete = e.complete
-            self.stats = dict(e.stats) if e.stats is not None else {}
-            self.active.clear()
-            self.inflight = {k: 0 for k in self.inflight}
+
+    def _node_started(self, e: NodeStarted) -> None:
+        self._end_attempt(e.path)
+        self._parents_done(e.path)
+        self.active[e.path] = e.backend
+        self.inflight[e.backend] = self.inflight.get(e.backend, 0) + 1
+        self._know(e.backend)
+        if e.kind == "section" and not self.writing:
+            self.writing = True
+            if self.last_sample is not None:
+                self.write_base = (*self.last_sample, self.tokens_asked)
+
+    def _node_finished(self, e: NodeFinished) -> None:
+        asked = e.path in self.active  # else the journal answered it: no attempt in this run
+        self._end_attempt(e.path)
+        new = e.path not in (self.sections_done if e.kind == "section" else self.planned)
+        tokens = max(0, int(e.reply.completion_tokens or 0)) if new else 0
+        self.tokens_written += tokens
+        self.tokens_asked += tokens if asked else 0
+        if e.kind == "section":
+            self.sections_done.add(e.path)
+            self.sections_failed.discard(e.path)
+            self._sections_over(e.t)
+        elif new:
+            self.planned.add(e.path)
+            self.plan_done += 1
+
+    def _node_failed(self, e: NodeFailed) -> None:
+        self._end_attempt(e.path)
+        self.errors[e.backend] = self.errors.get(e.backend, 0) + 1
+        self._know(e.backend)
+        if not e.final:
+            self.retries += 1
+            return
+        self.nodes_failed.add(e.path)
+        if e.kind == "section":
+            self.sections_failed.add(e.path)
+            self._sections_over(e.t)
+        self.last_failure = f"{e.kind} {e.path} {e.title!r}: {e.error}"
+
+    def _sample(self, e: MetricsSample) -> None:
+        self.samples += 1
+        if e.tokens is not None:
+            if self.first_sample is None:
+                self.first_sample = (e.t, float(e.tokens))
+            self.last_sample = (e.t, float(e.tokens))
+            if self.write_base is None and self.writing:
+                self.write_base = (e.t, float(e.tokens), self.tokens_asked)
+        self.rate = None if e.rate_tok_s is None else float(e.rate_tok_s)
+        self.rate_t = e.t
+        if e.rate_tok_s is not None:
+            self.rate_history.append((e.t, float(e.rate_tok_s)))
+        self.servers = {url: dict(v) for url, v in e.per_backend.items()}
+        self.metered_backends = len(e.per_backend)
+        self.counted_backends = sum(1 for v in e.per_backend.values() if v.get("tokens") is not None)
+        for url in e.per_backend:
+            self._know(url)
+
+    def _level_planned(self, e: LevelPlanned) -> None:
+        self.levels[e.level] = e.nodes
+        if e.level == 3:
+            self.sections_total = e.nodes
+
+    def _outline_ready(self, e: OutlineReady) -> None:
+        self.title = e.outline.title
+        self.sections_total = e.outline.shape[2]
+        for path in [p for p in self.active if p.count(".") < 2]:  # every planning node is done by now
+            self._plan_node_done(path)
+
+    def _job_started(self, e: JobStarted) -> None:
+        self.prompt = e.prompt
+        for url in e.backends:
+            self._know(url)
+        settings = e.settings if isinstance(e.settings, dict) else {}
+        cap = settings.get("cap")
+        self.cap = cap if isinstance(cap, int) and cap > 0 else None
+        shape = [settings.get(k) for k in ("parts", "chapters", "sections")]
+        parts, chapters, sections = (x if isinstance(x, int) and x > 0 else 0 for x in shape)
+        if parts and chapters and sections:
+            self.sections_expected = parts * chapters * sections
+
+    def _job_finished(self, e: JobFinished) -> None:
+        self.finished = True
+        self.complete = e.complete
+        self.stats = dict(e.stats) if e.stats is not None else {}
+        self.active.clear()
+        self.inflight = {k: 0 for k in self.inflight}
 
     def _parents_done(self, path: str) -> None:
         """A node's request starts only once its parent's titles are known: the parent's attempt is over.

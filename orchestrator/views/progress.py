@@ -10,7 +10,7 @@ summed over only some backends (the others expose no token counter, or their scr
 what that rests on (``orchestrator.eta``); a job without one shows nothing about it. A job that made a PDF ends
 with when it was ready (stats.json's ``pdf_ready_s``, ``typeset_after_write_s``: the reader's wait).
 
-    progress = Progress()            # rich.console.Console() by default
+    progress = TerminalProgress()    # rich.console.Console() by default
     with progress:                   # or progress.start() / progress.stop()
         await agenerate(..., on_event=progress)
 
@@ -43,78 +43,11 @@ from ..core.events import (
 )
 from .eta import Eta
 from .jobstate import JobState, short_url
+from .words import LEVEL_NAMES, closing_words, duration, eta_words, num, pdf_words, secs
 
-__all__ = ["Progress"]
+__all__ = ["TerminalProgress"]
 
-LEVEL_NAMES = {1: "parts", 2: "chapters", 3: "sections"}
-
-
-def _num(x: float | None, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.0f}{unit}"
-
-
-def _duration(s: float) -> str:
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _secs(s: float) -> str:
-    """A forecast or ETA: tenths below ten seconds (a short job's forecast error is otherwise lost to rounding)."""
-    return f"{s:.1f}s" if s < 9.95 else _duration(s)
-
-
-def _eta_words(eta: Eta) -> str:
-    """The forecast beside where the job stands, in one phrase: ``forecast 41s · ETA 12s (by the forecast)``,
-    ``forecast 41s · 3s over``, and once finished ``forecast 41s, took 43s (+5%)``."""
-    head = f"forecast {_secs(eta.forecast_s)}"
-    if eta.took_s is not None:
-        pct = f" ({eta.error_pct:+.0f}%)" if eta.error_pct is not None else ""
-        return f"{head}, took {_secs(eta.took_s)}{pct}"
-    parts = [head]
-    if eta.over_s > 0:
-        parts.append(f"{_secs(eta.over_s)} over")
-    if eta.left_s is not None:
-        parts.append(f"ETA {_secs(eta.left_s)} ({eta.basis_text})")
-    return " · ".join(parts)
-
-
-def _closing_words(eta: Eta) -> str:
-    """The finished job against its forecast: ``forecast 41s, took 43s (+5%); 96 A5 pages forecast, 101 typeset``."""
-    line = _eta_words(eta)
-    if eta.pdf_pages is not None:
-        pct = f" ({eta.pages_error_pct:+.0f}%)" if eta.pages_error_pct is not None else ""
-        line += f"; {eta.pages:,} A5 pages forecast, {eta.pdf_pages:,} typeset{pct}"
-    return line
-
-
-def _figure(x: object) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
-def _pdf_words(stats: dict[str, object] | None) -> str | None:
-    """When the reader could open book.pdf: ``PDF ready 154.2 s after start, 6.1 s after the last section (1,348
-    A5 pages)``; None when the job made no PDF (``pdf_ready_s`` is None or absent)."""
-    stats = stats or {}
-    ready = _figure(stats.get("pdf_ready_s"))
-    if ready is None:
-        return None
-    line = f"PDF ready {ready:,.1f} s after start"
-    after = _figure(stats.get("typeset_after_write_s"))
-    if after is not None:
-        line += f", {after:,.1f} s after the last section"
-    pages = stats.get("pdf_pages")
-    if isinstance(pages, int) and not isinstance(pages, bool):
-        line += f" ({pages:,} A5 pages)"
-    return line
-
-
-class Progress:
+class TerminalProgress:
     """A callable event consumer that shows a job's progress on ``console``.
 
     On a terminal (``console.is_terminal``): a rich live display. Otherwise: one plain log line every
@@ -166,7 +99,7 @@ class Progress:
             return f"backend {short_url(e.url)} {what}: {e.reason}"
         if isinstance(e, ForecastReady):
             return (
-                f"forecast: {_secs(e.whole_job_s)} for the whole job, {e.pages:,} A5 pages, "
+                f"forecast: {secs(e.whole_job_s)} for the whole job, {e.pages:,} A5 pages, "
                 f"{e.sections:,} sections, {e.tokens:,} tokens"
             )
         if isinstance(e, NodeFailed) and e.final:
@@ -217,10 +150,10 @@ class Progress:
             finished, complete = self.state.finished, self.state.complete
             failed = len(self.state.sections_failed)
             eta = self.state.eta()
-            pdf = _pdf_words(self.state.stats)
+            pdf = pdf_words(self.state.stats)
         if finished:
             if eta is not None:
-                self._print(_closing_words(eta))
+                self._print(closing_words(eta))
             if pdf is not None:
                 self._print(pdf)
             verdict = "complete" if complete else f"finished with problems ({failed} failed sections)"
@@ -245,7 +178,7 @@ class Progress:
         """One log line: where the job stands (CI logs)."""
         s = self.state
         with s.lock:
-            parts = [f"[{_duration(s.elapsed):>6}]"]
+            parts = [f"[{duration(s.elapsed):>6}]"]
             total = s.total
             done = len(s.sections_done)
             if total:
@@ -265,7 +198,7 @@ class Progress:
             else:
                 label = s.rate_label
                 partial = "" if label == "server-counted" else f" {label}"  # a fleet-wide rate needs no label
-                parts.append(f"rate {_num(s.rate)} tok/s (so far {_num(s.rate_so_far)}){partial}")
+                parts.append(f"rate {num(s.rate)} tok/s (so far {num(s.rate_so_far)}){partial}")
             flights = " ".join(
                 f"{short_url(u)}={s.inflight.get(u, 0)}" + ("" if s.health.get(u, (True, ""))[0] else "(down)")
                 for u in s.backends
@@ -275,7 +208,7 @@ class Progress:
             parts.append(f"failed {len(s.nodes_failed)}")
             eta = s.eta()
             if eta is not None:
-                parts.append(_eta_words(eta))
+                parts.append(eta_words(eta))
         return "  ".join(parts)
 
     # -- rich live display ----------------------------------------------------------------------------------------
@@ -286,105 +219,128 @@ class Progress:
             head = Text()
             head.append("handbook ", style="bold")
             head.append(s.title or s.prompt or "starting", style="bold cyan")
-            head.append(f"   {_duration(s.elapsed)}", style="dim")
-
-            grid = Table.grid(padding=(0, 2))
-            grid.add_column(style="bold", no_wrap=True)
-            grid.add_column()
-
-            plan = Text()
-            for level in (1, 2, 3):
-                if level in s.levels:
-                    plan.append(f"✓ {s.levels[level]:,} {LEVEL_NAMES[level]}  ", style="green")
-                elif not s.finished:
-                    plan.append(f"… level {level}", style="yellow")
-                    break
-            plan.append(f"  ({s.plan_done:,} planning requests done)", style="dim")
-            grid.add_row("planning", plan)
-
-            total = s.total
-            done = len(s.sections_done)
-            sec = Table.grid(padding=(0, 1))
-            sec.add_column(no_wrap=True)
-            sec.add_column(no_wrap=True)
-            if total:
-                mark = "" if s.sections_total is not None else "~"
-                sec.add_row(
-                    ProgressBar(total=total, completed=done, width=32),
-                    Text(f"{done:,}/{mark}{total:,}  {100.0 * done / total:.1f}%"),
-                )
-            else:
-                sec.add_row(ProgressBar(total=None, width=32), Text("waiting for the outline"))
-            grid.add_row("sections", sec)
-
-            eta = s.eta()
-            tok = Text(f"{s.tokens_written:,} written")
-            if eta is not None:
-                tok.append(f" · {eta.tokens:,} forecast", style="dim")
-            grid.add_row("tokens", tok)
-            if eta is not None:
-                grid.add_row("forecast", self._forecast_row(eta))
-            pdf = _pdf_words(s.stats) if s.finished else None
-            if pdf is not None:
-                grid.add_row("pdf", Text(pdf, style="bold green"))
-
-            rate = Text()
-            if s.samples == 0:
-                rate.append("waiting for the first /metrics sample", style="dim")
-            elif s.rate is None and s.first_sample is None:
-                rate.append("servers expose no token counter", style="dim")
-            else:
-                rate.append(f"{_num(s.rate)} tok/s", style="bold magenta")
-                rate.append(" last second · ")
-                rate.append(f"{_num(s.rate_so_far)} tok/s", style="magenta")
-                rate.append(f" so far ({s.rate_label})")
-            grid.add_row("rate", rate)
-
-            trouble = Text(f"{s.retries:,} retries · ")
-            trouble.append(f"{len(s.nodes_failed):,} failed", style="red" if s.nodes_failed else "")
-            if s.last_failure:
-                trouble.append(f"  last: {s.last_failure}", style="dim red")
-            grid.add_row("trouble", trouble)
-
-            fleet = Table(box=None, padding=(0, 1), show_header=True, header_style="dim")
-            fleet.add_column("backend", no_wrap=True)
-            fleet.add_column("in flight", no_wrap=True)
-            fleet.add_column("", justify="right", no_wrap=True)
-            fleet.add_column("server run/wait", justify="right", no_wrap=True)
-            fleet.add_column("errors", justify="right", no_wrap=True)
-            top = max([s.cap or 0, *s.inflight.values(), 1])
-            for url in s.backends:
-                healthy, _reason = s.health.get(url, (True, ""))
-                n = s.inflight.get(url, 0)
-                server = s.servers.get(url, {})
-                run, wait = server.get("running"), server.get("waiting")
-                name = Text(short_url(url), style="" if healthy else "red strike")
-                fleet.add_row(
-                    name,
-                    ProgressBar(total=top, completed=n, width=24),
-                    str(n),
-                    f"{_num(run)}/{_num(wait)}",
-                    Text(str(s.errors.get(url, 0)), style="red" if s.errors.get(url) else "dim"),
-                )
+            head.append(f"   {duration(s.elapsed)}", style="dim")
+            grid = _figures_grid(s)
+            fleet = _fleet_table(s)
             notes = Text("\n".join(self._notes), style="dim")
         return Group(head, grid, fleet, notes)
 
-    @staticmethod
-    def _forecast_row(eta: Eta) -> Text:
-        row = Text()
-        row.append(_secs(eta.forecast_s), style="bold")
-        row.append(f" whole job · {eta.pages:,} A5 pages · {eta.sections:,} sections", style="dim")
-        if eta.took_s is not None:
-            row.append(f"   took {_secs(eta.took_s)}", style="bold")
-            if eta.error_pct is not None:
-                row.append(f" ({eta.error_pct:+.0f}%)", style="green" if abs(eta.error_pct) <= 10 else "yellow")
-            if eta.pdf_pages is not None:
-                row.append(f" · {eta.pdf_pages:,} A5 pages typeset")
-            return row
-        if eta.over_s > 0:
-            row.append(f"   {_secs(eta.over_s)} over", style="bold yellow")
-        if eta.left_s is not None:
-            row.append("   ETA ")
-            row.append(_secs(eta.left_s), style="bold cyan")
-            row.append(f" ({eta.basis_text})", style="dim")
+
+# -- the live display's parts (called under the state's lock) ----------------------------------------------------
+
+def _figures_grid(s: JobState) -> Table:
+    """The figures, one row each: planning, sections, tokens, the forecast, the PDF, the rate, the trouble."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("planning", _planning_text(s))
+    grid.add_row("sections", _sections_bar(s))
+    eta = s.eta()
+    tok = Text(f"{s.tokens_written:,} written")
+    if eta is not None:
+        tok.append(f" · {eta.tokens:,} forecast", style="dim")
+    grid.add_row("tokens", tok)
+    if eta is not None:
+        grid.add_row("forecast", _forecast_row(eta))
+    pdf = pdf_words(s.stats) if s.finished else None
+    if pdf is not None:
+        grid.add_row("pdf", Text(pdf, style="bold green"))
+    grid.add_row("rate", _rate_text(s))
+    grid.add_row("trouble", _trouble_text(s))
+    return grid
+
+
+def _planning_text(s: JobState) -> Text:
+    plan = Text()
+    for level in (1, 2, 3):
+        if level in s.levels:
+            plan.append(f"✓ {s.levels[level]:,} {LEVEL_NAMES[level]}  ", style="green")
+        elif not s.finished:
+            plan.append(f"… level {level}", style="yellow")
+            break
+    plan.append(f"  ({s.plan_done:,} planning requests done)", style="dim")
+    return plan
+
+
+def _sections_bar(s: JobState) -> Table:
+    total = s.total
+    done = len(s.sections_done)
+    sec = Table.grid(padding=(0, 1))
+    sec.add_column(no_wrap=True)
+    sec.add_column(no_wrap=True)
+    if total:
+        mark = "" if s.sections_total is not None else "~"
+        sec.add_row(
+            ProgressBar(total=total, completed=done, width=32),
+            Text(f"{done:,}/{mark}{total:,}  {100.0 * done / total:.1f}%"),
+        )
+    else:
+        sec.add_row(ProgressBar(total=None, width=32), Text("waiting for the outline"))
+    return sec
+
+
+def _rate_text(s: JobState) -> Text:
+    rate = Text()
+    if s.samples == 0:
+        rate.append("waiting for the first /metrics sample", style="dim")
+    elif s.rate is None and s.first_sample is None:
+        rate.append("servers expose no token counter", style="dim")
+    else:
+        rate.append(f"{num(s.rate)} tok/s", style="bold magenta")
+        rate.append(" last second · ")
+        rate.append(f"{num(s.rate_so_far)} tok/s", style="magenta")
+        rate.append(f" so far ({s.rate_label})")
+    return rate
+
+
+def _trouble_text(s: JobState) -> Text:
+    trouble = Text(f"{s.retries:,} retries · ")
+    trouble.append(f"{len(s.nodes_failed):,} failed", style="red" if s.nodes_failed else "")
+    if s.last_failure:
+        trouble.append(f"  last: {s.last_failure}", style="dim red")
+    return trouble
+
+
+def _forecast_row(eta: Eta) -> Text:
+    row = Text()
+    row.append(secs(eta.forecast_s), style="bold")
+    row.append(f" whole job · {eta.pages:,} A5 pages · {eta.sections:,} sections", style="dim")
+    if eta.took_s is not None:
+        row.append(f"   took {secs(eta.took_s)}", style="bold")
+        if eta.error_pct is not None:
+            row.append(f" ({eta.error_pct:+.0f}%)", style="green" if abs(eta.error_pct) <= 10 else "yellow")
+        if eta.pdf_pages is not None:
+            row.append(f" · {eta.pdf_pages:,} A5 pages typeset")
         return row
+    if eta.over_s > 0:
+        row.append(f"   {secs(eta.over_s)} over", style="bold yellow")
+    if eta.left_s is not None:
+        row.append("   ETA ")
+        row.append(secs(eta.left_s), style="bold cyan")
+        row.append(f" ({eta.basis_text})", style="dim")
+    return row
+
+
+def _fleet_table(s: JobState) -> Table:
+    """One row per backend: its streams in flight against the cap, the server's running/waiting, its errors."""
+    fleet = Table(box=None, padding=(0, 1), show_header=True, header_style="dim")
+    fleet.add_column("backend", no_wrap=True)
+    fleet.add_column("in flight", no_wrap=True)
+    fleet.add_column("", justify="right", no_wrap=True)
+    fleet.add_column("server run/wait", justify="right", no_wrap=True)
+    fleet.add_column("errors", justify="right", no_wrap=True)
+    top = max([s.cap or 0, *s.inflight.values(), 1])
+    for url in s.backends:
+        healthy, _reason = s.health.get(url, (True, ""))
+        n = s.inflight.get(url, 0)
+        server = s.servers.get(url, {})
+        run, wait = server.get("running"), server.get("waiting")
+        name = Text(short_url(url), style="" if healthy else "red strike")
+        fleet.add_row(
+            name,
+            ProgressBar(total=top, completed=n, width=24),
+            str(n),
+            f"{num(run)}/{num(wait)}",
+            Text(str(s.errors.get(url, 0)), style="red" if s.errors.get(url) else "dim"),
+        )
+    return fleet

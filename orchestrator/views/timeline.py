@@ -1,7 +1,7 @@
 """A picture of the run: in-flight streams per card, the planning requests and their critical path, and the servers'
 tokens/s, over time (``--timeline``: OUT/timeline.png and the data under it, OUT/timeline.json).
 
-:class:`Timeline` is an event consumer like the progress view and the feed: it keeps one record per request (every
+:class:`RunTimeline` is an event consumer like the progress view and the feed: it keeps one record per request (every
 attempt, from NodeStarted to the NodeFinished or NodeFailed of the same node) and the counter samples the job's own
 /metrics sampler emits (MetricsSample), so /metrics is not scraped twice. It never asks for Delta events.
 ``time_scale`` divides every time (and multiplies every rate), so a run on a stretched simulator clock shows model
@@ -48,7 +48,7 @@ class Request:
     error: str | None = None  # why a failed attempt failed (NodeFailed.error)
 
 
-class Timeline:
+class RunTimeline:
     """Collects a job's requests and counter samples from its events; :meth:`data` and :meth:`write` give them."""
 
 
@@ -74,42 +74,54 @@ class Timeline:
         t = getattr(ev, "t", None)
         if isinstance(t, float):
             self.t_last = t if self.t_last is None else max(self.t_last, t)
-        if isinstance(ev, JobStarted):
-            self.t0 = ev.t
-            self.backends = list(ev.backends)
-            cap = ev.settings.get("cap")
-            self.cap = cap if isinstance(cap, int) else None
-        elif isinstance(ev, NodeStarted):
-            key = (ev.kind, ev.path)
-            first = self._open.pop(key, None)
-            if first is not None:
-                # A continuation of an accepted reply (--finish-truncated). The first reply ended before this
-                # request waited for its lease; when is known only from the NodeFinished to come (its reply keeps
-                # the first reply's t_end), so it is held until then rather than counted in flight meanwhile.
-                self._continued[key] = first
-            self._open[key] = Request(ev.kind, ev.path, ev.backend, ev.attempt, ev.t, ev.t, None)
-        elif isinstance(ev, NodeFinished):
-            key = (ev.kind, ev.path)
-            first = self._continued.pop(key, None)
-            if first is not None:
-                end = ev.reply.t_end if first.start <= ev.reply.t_end <= ev.t else first.start
-                self.done.append(Request(first.kind, first.path, first.backend, first.attempt, first.start, end,
-                                         True))
-            started = self._open.get(key)
-            if started is not None:  # else answered from the journal: no request
-                # the reply's own end lies inside the fleet's lease; the event comes a moment later
-                end = ev.reply.t_end if first is None and started.start <= ev.reply.t_end <= ev.t else ev.t
-                self._close(key, end, True)
-        elif isinstance(ev, NodeFailed):
-            if (ev.kind, ev.path) in self._open:
-                self._close((ev.kind, ev.path), ev.t, False, ev.error)
-        elif isinstance(ev, LevelPlanned):
-            self.levels.append(ev)
-        elif isinstance(ev, MetricsSample):
-            self.samples.append(ev)
-            for url in ev.per_backend:
-                if url not in self.backends:
-                    self.backends.append(url)
+        match ev:
+            case JobStarted():
+                self._job_started(ev)
+            case NodeStarted():
+                self._node_started(ev)
+            case NodeFinished():
+                self._node_finished(ev)
+            case NodeFailed():
+                if (ev.kind, ev.path) in self._open:
+                    self._close((ev.kind, ev.path), ev.t, False, ev.error)
+            case LevelPlanned():
+                self.levels.append(ev)
+            case MetricsSample():
+                self._sample(ev)
+
+    def _job_started(self, ev: JobStarted) -> None:
+        self.t0 = ev.t
+        self.backends = list(ev.backends)
+        cap = ev.settings.get("cap")
+        self.cap = cap if isinstance(cap, int) else None
+
+    def _node_started(self, ev: NodeStarted) -> None:
+        key = (ev.kind, ev.path)
+        first = self._open.pop(key, None)
+        if first is not None:
+            # A continuation of an accepted reply (--finish-truncated). The first reply ended before this
+            # request waited for its lease; when is known only from the NodeFinished to come (its reply keeps
+            # the first reply's t_end), so it is held until then rather than counted in flight meanwhile.
+            self._continued[key] = first
+        self._open[key] = Request(ev.kind, ev.path, ev.backend, ev.attempt, ev.t, ev.t, None)
+
+    def _node_finished(self, ev: NodeFinished) -> None:
+        key = (ev.kind, ev.path)
+        first = self._continued.pop(key, None)
+        if first is not None:
+            end = ev.reply.t_end if first.start <= ev.reply.t_end <= ev.t else first.start
+            self.done.append(Request(first.kind, first.path, first.backend, first.attempt, first.start, end, True))
+        started = self._open.get(key)
+        if started is not None:  # else answered from the journal: no request
+            # the reply's own end lies inside the fleet's lease; the event comes a moment later
+            end = ev.reply.t_end if first is None and started.start <= ev.reply.t_end <= ev.t else ev.t
+            self._close(key, end, True)
+
+    def _sample(self, ev: MetricsSample) -> None:
+        self.samples.append(ev)
+        for url in ev.per_backend:
+            if url not in self.backends:
+                self.backends.append(url)
 
     def _close(self, key: tuple[str, str], end: float, ok: bool, error: str | None = None) -> None:
         r = self._open.pop(key)
