@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from scripted_openai import Answer, ScriptedServer
@@ -31,9 +32,9 @@ def test_mypy_refuses_a_misspelt_state(tmp_path):
     """What the enums are for: the old ``.get(stop, "interrupted")`` took any string; now mypy says no."""
     snippet = tmp_path / "typo.py"
     snippet.write_text(textwrap.dedent("""
-        from orchestrator.states import NodeKind, RunStatus, status_after
-        from orchestrator.writing import Writer
-        from orchestrator.journal import Journal
+        from orchestrator.core.states import NodeKind, RunStatus, status_after
+        from orchestrator.job.writing import Writer
+        from orchestrator.dispatch.journal import Journal
 
         def f(w: Writer, j: Journal) -> None:
             w.stop = "interupt"
@@ -41,8 +42,15 @@ def test_mypy_refuses_a_misspelt_state(tmp_path):
             j.end_run("complet", 0)
             j.get("1.1.1", "sektion", "A title")
     """))
+    import os
+
+    import orchestrator
+
+    root = Path(orchestrator.__file__).resolve().parents[1]  # mypy finds the package here, editable install or not
+    env = {**os.environ, "MYPYPATH": str(root)}
     r = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", "--follow-imports=silent",
-                        "--ignore-missing-imports", str(snippet)], capture_output=True, text=True, timeout=300)
+                        "--no-site-packages", "--cache-dir", str(tmp_path / "mypy-cache"), str(snippet)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     errors = [line for line in r.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 4, r.stdout + r.stderr
     assert all("incompatible type" in e or "Incompatible types" in e for e in errors), errors
