@@ -32,6 +32,7 @@ from typing import Any
 
 from orchestrator.book.checks import loop_reason, title_debris
 from orchestrator.book.checks import norm_title as norm
+from orchestrator.book.fences import FENCE_OPEN, closes
 from orchestrator.planning import weak_title
 
 EXAMPLES = 5  # examples shown per check
@@ -102,7 +103,6 @@ def _count(k: int, n: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------
 # book.md
 
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 _BOOK_HEADING = re.compile(r"^(#{1,4})\s+(.*?)\s*$")  # a section's own headings are demoted to 5 and 6
 _MISSING = "> **This section is missing**"
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+\S")
@@ -115,12 +115,11 @@ def book_sections(markdown: str) -> list[tuple[str, str]]:
     out: list[tuple[str, list[str]]] = []
     fence: str | None = None
     for line in markdown.splitlines():
-        m = _FENCE.match(line)
         if fence is not None:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip():
+            if closes(line, fence):
                 fence = None
-        elif m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
-            fence = m.group(1)
+        elif m := FENCE_OPEN.match(line):
+            fence = m.group(2)
         elif h := _BOOK_HEADING.match(line):
             # a section starts at its #### heading; a part's or chapter's heading ends the section before it
             out.append((h.group(2) if len(h.group(1)) == 4 else "", []))
@@ -136,15 +135,14 @@ def ending(body: str) -> tuple[bool, str]:
     last = ""
     closed_fence = False
     for line in body.splitlines():
-        m = _FENCE.match(line)
         if fence is not None:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip():
+            if closes(line, fence):
                 fence, closed_fence, last = None, True, line.strip()
             elif line.strip():
                 last = line.strip()
             continue
-        if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
-            fence, closed_fence, last = m.group(1), False, line.strip()
+        if m := FENCE_OPEN.match(line):
+            fence, closed_fence, last = m.group(2), False, line.strip()
         elif line.strip():
             closed_fence, last = False, line.strip()
     if fence is not None:

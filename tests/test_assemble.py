@@ -2,7 +2,8 @@
 
 import dataclasses
 
-from orchestrator.book.assemble import SectionText, assemble, close_fences, demote_headings, section_body
+from orchestrator.book.assemble import SectionText, assemble, demote_headings, section_body
+from orchestrator.book.fences import close_open_fence
 from orchestrator.core.outline import Chapter, Outline, Part
 
 
@@ -14,10 +15,10 @@ def test_demote_headings_skips_code_and_drops_a_repeated_title():
     assert demote_headings("# Foo\nbar\n## Baz").splitlines() == ["##### Foo", "bar", "###### Baz"]
 
 
-def test_close_fences():
-    assert close_fences("a\n```py\nx = 1") == "a\n```py\nx = 1\n```"
-    assert close_fences("a\n```py\nx = 1\n```\nb") == "a\n```py\nx = 1\n```\nb"
-    assert close_fences("~~~~\n```\n~~~~") == "~~~~\n```\n~~~~"
+def test_close_open_fence():
+    assert close_open_fence("a\n```py\nx = 1") == "a\n```py\nx = 1\n```"
+    assert close_open_fence("a\n```py\nx = 1\n```\nb") == "a\n```py\nx = 1\n```\nb"
+    assert close_open_fence("~~~~\n```\n~~~~") == "~~~~\n```\n~~~~"
 
 
 def test_assemble_places_every_section_in_outline_order():

@@ -1,2 +1,3 @@
 """Sections -> the book: Markdown assembled in outline order (assemble), a truncated section cut back to its last
-sentence (cutback), loop and debris checks (checks), text scans (textscan) and the defect report (defects)."""
+sentence (cutback), the one code-fence grammar (fences), loop and debris checks (checks), text scans (textscan) and
+the defect report (defects)."""

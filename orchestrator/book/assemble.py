@@ -16,6 +16,7 @@ from ..core.outline import Outline, SectionRef
 from ..core.states import Missing
 from .checks import norm_title
 from .cutback import cut_back
+from .fences import close_open_fence
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
 
@@ -127,25 +128,6 @@ def demote_headings(text: str, below: int = 4, drop_title: str | None = None) ->
     return "\n".join(lines).strip()
 
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-
-
-def close_fences(text: str) -> str:
-    """Close a code fence left open at the end of a section (a reply cut at the token cap), so the book's later
-    headings are not swallowed into code by whatever renders book.md."""
-    open_fence: str | None = None
-    for line in text.splitlines():
-        m = _FENCE.match(line)
-        if not m:
-            continue
-        mark = m.group(1)
-        if open_fence is None:
-            open_fence = mark
-        elif mark[0] == open_fence[0] and len(mark) >= len(open_fence) and not line.strip()[len(mark):].strip():
-            open_fence = None
-    return text if open_fence is None else text.rstrip("\n") + "\n" + open_fence
-
-
 def section_body(s: SectionText) -> str:
     """:attr:`SectionText.body`: the section as book.md prints it (computed once per section)."""
     return s.body
@@ -163,7 +145,9 @@ def _section_body(s: SectionText) -> str:
         # text that would lose more than half of itself (a reply that is all headings, say) is printed as written.
         cut = cut_back(s.text.rstrip() + "\n").rstrip("\n")
         text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
-    return close_fences(demote_headings(text, drop_title=s.title))
+    # cut_back closes what it keeps; this closes a text printed as written, and stays last because
+    # demote_headings rejoins the lines it splits with str.splitlines (a U+2028 becomes a newline)
+    return close_open_fence(demote_headings(text, drop_title=s.title))
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .fences import FENCE_OPEN, closer
+
 __all__ = ["loop_reason", "norm_title", "title_debris"]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -59,7 +61,6 @@ PROSE_RATIO = 0.2
 CODE_RATIO = 0.1
 RATIO_MIN_CHARS = 400
 
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
 _WORDS = re.compile(r"\w+")
 _ALNUM = re.compile(r"[^\W_]")
 _LINE_MARKUP = re.compile(r"^(?:\s*(?:#{1,6}|>|[-*+•]|\d+[.)]))+\s*")  # headings, quotes, list markers
@@ -77,18 +78,17 @@ class _Split:
 def _split(text: str) -> _Split:
     prose: list[str] = []
     code: list[str] = []
-    fence: str | None = None
+    close: re.Pattern[str] | None = None  # the open block's closing line
     for line in text.splitlines():
-        m = _FENCE.match(line)
-        if fence is None:
-            if m and not (m.group(2)[0] == "`" and "`" in m.group(3)):
-                fence = m.group(2)
+        if close is None:
+            if m := FENCE_OPEN.match(line):
+                close = closer(m.group(2))
             elif line.lstrip().startswith("|"):
                 code.append(line)  # table cells repeat ("| Yes | No |") as code lines do
             else:
                 prose.append(line)
-        elif m and m.group(2)[0] == fence[0] and len(m.group(2)) >= len(fence) and not m.group(3).strip():
-            fence = None
+        elif close.match(line):
+            close = None
         else:
             code.append(line)
     return _Split(tuple(prose), tuple(code))

@@ -9,9 +9,10 @@ from __future__ import annotations
 import ast
 import re
 
+from .fences import FENCE_OPEN, close_open_fence, closer
+
 __all__ = ["cut_back"]
 
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")  # indent, mark, info string
 # A sentence ends at . ! ? or … followed by closing quotes, brackets or emphasis, then a space or the line's end.
 _SENTENCE_END = re.compile(r"[.!?…][\"'”’»)\]*_`]*(?=\s|$)")
 # Abbreviations whose period does not end a sentence ("e.g. a cache").
@@ -116,60 +117,60 @@ def cut_back(text: str) -> str:
         starts.append(starts[-1] + len(line) + 1)
 
     best: int | None = None  # offset to cut at
-    closing = ""  # a fence to append after the cut
     fence: tuple[str, str, str, int] | None = None  # (indent, mark, language, first code line)
+    close = None  # the open block's closing line
     in_table = False
     for i, line in enumerate(lines):
-        m = _FENCE.match(line)
         if fence is not None:
-            if m and m.group(2)[0] == fence[1][0] and len(m.group(2)) >= len(fence[1]) and not m.group(3).strip():
-                best, closing = starts[i] + len(line.rstrip()), ""  # a closed block, even on the cut line
-                fence = None
+            if close is not None and close.match(line):
+                best, fence = starts[i] + len(line.rstrip()), None  # a closed block, even on the cut line
             continue
-        if m and not (m.group(2)[0] == "`" and "`" in m.group(3)):
+        m = FENCE_OPEN.match(line)
+        if m:
             info = m.group(3).strip().split()
             fence = (m.group(1), m.group(2), info[0].lower() if info else "", i + 1)
+            close = closer(m.group(2))
             in_table = False
             continue
-        stripped = line.strip()
-        if stripped.startswith("|"):
-            if _TABLE_SEPARATOR.match(stripped):
-                in_table = True
-            elif in_table and i < complete_upto:
-                best, closing = starts[i] + len(line.rstrip()), ""
-            continue
-        in_table = False
-        if not stripped or _is_heading(lines, i):
-            continue
-        if _LIST_ITEM.match(line) and i < complete_upto:
-            best, closing = starts[i] + len(line.rstrip()), ""
-            continue
-        ends = _sentence_ends(line)
-        if ends:
-            best, closing = starts[i] + ends[-1], ""
+        end, in_table = _unit_end(lines, i, i < complete_upto, in_table)
+        if end is not None:
+            best = starts[i] + end
+    closing = ""  # a fence to append after the cut
     if fence is not None:
         indent, mark, lang, first = fence
-        body = lines[first:complete_upto]
-        while body and not body[-1].strip():
-            body.pop()
-        if body and _code_stands_alone(lang, body):
-            last = first + len(body) - 1
+        last = _last_code_line(lines[first:complete_upto], lang)
+        if last is not None:
+            last += first
             best, closing = starts[last] + len(lines[last].rstrip()), "\n" + indent + mark
     if best is None:
-        kept = _drop_trailing_headings(text) or text.rstrip()
-        return _close_open_fence(kept)
-    return _drop_trailing_headings(text[:best] + closing) or (text[:best] + closing).rstrip()
+        return close_open_fence(_drop_trailing_headings(text) or text.rstrip())
+    cut = text[:best] + closing
+    return _drop_trailing_headings(cut) or cut.rstrip()
 
 
-def _close_open_fence(text: str) -> str:
-    fence: tuple[str, str] | None = None
-    for line in text.split("\n"):
-        m = _FENCE.match(line)
-        if not m:
-            continue
-        if fence is None:
-            if not (m.group(2)[0] == "`" and "`" in m.group(3)):
-                fence = (m.group(1), m.group(2))
-        elif m.group(2)[0] == fence[1][0] and len(m.group(2)) >= len(fence[1]) and not m.group(3).strip():
-            fence = None
-    return text if fence is None else text + "\n" + fence[0] + fence[1]
+def _unit_end(lines: list[str], i: int, complete: bool, in_table: bool) -> tuple[int | None, bool]:
+    """Where the last complete sentence, list item or table row of ``lines[i]`` (a line outside code) ends, as an
+    offset in the line (None: nowhere), and whether a table goes on after it. ``complete``: the cap did not cut
+    the line."""
+    line = lines[i]
+    stripped = line.strip()
+    if stripped.startswith("|"):
+        if _TABLE_SEPARATOR.match(stripped):
+            return None, True
+        return (len(line.rstrip()) if in_table and complete else None), in_table
+    if not stripped or _is_heading(lines, i):
+        return None, False
+    if _LIST_ITEM.match(line) and complete:
+        return len(line.rstrip()), False
+    ends = _sentence_ends(line)
+    return (ends[-1] if ends else None), False
+
+
+def _last_code_line(body: list[str], lang: str) -> int | None:
+    """The index in ``body`` (a block's complete lines, its fence never closed; trailing blank ones are popped) of
+    the last line to keep, when the code up to it stands alone; None: the block goes."""
+    while body and not body[-1].strip():
+        body.pop()
+    if body and _code_stands_alone(lang, body):
+        return len(body) - 1
+    return None

@@ -15,6 +15,8 @@ from collections import Counter, defaultdict
 
 from markdown_it import MarkdownIt
 
+from .fences import FENCE_OPEN, closer, closes
+
 __all__ = ["block_ending", "code_blocks", "near_duplicates", "python_ok", "scan_block"]
 
 NEAR_DUPLICATE_JACCARD = 0.5
@@ -30,60 +32,60 @@ SAMPLED_SHARE = 0.3
 
 _CLOSING = frozenset(".!?:…\"'”’»›)]}」』")
 _TRAILING_MARKUP = "*_`~ \t"
-_FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
-_FENCE_CLOSE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
 _WORD = re.compile(r"\w+")
 
 
 def scan_block(text: str) -> tuple[bool, str, list[tuple[str, str, bool]]]:
     """One pass over a heading-delimited block: (terminated, last line, code blocks as (language, code, closed)).
 
-    Fences are found line by line (CommonMark's fence rules at the left margin); a block with an indented fence
-    line (a fence inside a list item) has its code blocks read by markdown-it instead, which strips the
-    container's indentation.
+    Fences are found line by line (book/fences.py: CommonMark's rules at the left margin); a block with an
+    indented fence line (a fence inside a list item) has its code blocks read by markdown-it instead, which strips
+    the container's indentation.
     """
-    fence: tuple[str, int, str, list[str]] | None = None
+    fence: tuple[re.Pattern[str], str, list[str]] | None = None  # (its closing line, language, code lines)
     blocks: list[tuple[str, str, bool]] = []
     last = ""
     last_closed_fence = False
     indented_fence = False
     for line in text.splitlines():
         if fence is not None:
-            m = _FENCE_CLOSE.match(line)
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1]:
-                blocks.append((fence[2], "\n".join(fence[3]) + ("\n" if fence[3] else ""), True))
+            if fence[0].match(line):
+                blocks.append((fence[1], _code(fence[2]), True))
                 fence = None
                 last, last_closed_fence = line.strip(), True
                 indented_fence |= line[:1] == " "
             else:
-                fence[3].append(line)
+                fence[2].append(line)
                 if line.strip():
                     last, last_closed_fence = line.strip(), False
             continue
-        m = _FENCE_OPEN.match(line)
-        if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
-            info = m.group(2).strip().split()
-            fence = (m.group(1)[0], len(m.group(1)), info[0].lower() if info else "none", [])
-            last, last_closed_fence = line.strip(), False
+        m = FENCE_OPEN.match(line)
+        if m:
+            info = m.group(3).strip().split()
+            fence = (closer(m.group(2)), info[0].lower() if info else "none", [])
             indented_fence |= line[:1] == " "
-            continue
+        elif line[:1] in " \t" and ("```" in line or "~~~" in line):
+            indented_fence = True  # perhaps a fence inside a list item: markdown-it decides (below)
         if line.strip():
             last, last_closed_fence = line.strip(), False
-            if line[:1] in " \t" and ("```" in line or "~~~" in line):
-                indented_fence = True
     if fence is not None:
-        blocks.append((fence[2], "\n".join(fence[3]) + ("\n" if fence[3] else ""), False))
-        terminated = False  # cut off inside a code block
-    elif last_closed_fence:
-        terminated = True
-    elif last.startswith("|") and last.endswith("|"):
-        terminated = True  # a table row
-    else:
-        core = last.rstrip(_TRAILING_MARKUP)
-        terminated = bool(core) and core[-1] in _CLOSING
+        blocks.append((fence[1], _code(fence[2]), False))  # cut off inside a code block: not terminated
+    terminated = fence is None and (last_closed_fence or _ends_cleanly(last))
     if indented_fence:
         blocks = code_blocks(text)
     return terminated, last, blocks
+
+
+def _code(lines: list[str]) -> str:
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _ends_cleanly(last: str) -> bool:
+    """A last line outside code that ends a block: a table row, or text ending in a closing mark."""
+    if last.startswith("|") and last.endswith("|"):
+        return True
+    core = last.rstrip(_TRAILING_MARKUP)
+    return bool(core) and core[-1] in _CLOSING
 
 
 def block_ending(text: str) -> tuple[bool, str]:
@@ -111,8 +113,7 @@ def code_blocks(text: str) -> list[tuple[str, str, bool]]:
         start, end = tok.map
         closed = False
         if end - 1 > start and end - 1 < len(lines):
-            m = _FENCE_CLOSE.match(_strip_container(lines[end - 1]))
-            closed = bool(m and m.group(1)[0] == tok.markup[0] and len(m.group(1)) >= len(tok.markup))
+            closed = closes(_strip_container(lines[end - 1]), tok.markup)
         out.append((lang, tok.content, closed))
     return out
 
@@ -153,34 +154,52 @@ def near_duplicates(texts: list[str], sets: list[array[int]] | None = None) -> l
     texts are grouped by a digest of their shingles rather than by a copy of them.
     """
     sets = [shingles(t) for t in texts] if sets is None else sets
-    n = len(sets)
-    max_df = max(50, n // 10)
-    index: dict[int, list[int]] = defaultdict(list)
-    for i, s in enumerate(sets):
-        if len(s) >= MIN_SHINGLES:
-            for h in s:
-                if h % SAMPLE == 0:
-                    index[h].append(i)  # ascending i: each list is sorted
+    max_df = max(50, len(sets) // 10)
+    index = _sample_index(sets)
     # each text's sampled shingles that can be counted as shared (those in too many texts are not): a ratio at
     # most 1 only grows when the same number leaves its numerator and its denominator
     sampled = [sum(1 for h in s if h % SAMPLE == 0 and 2 <= len(index[h]) <= max_df)
                if len(s) >= MIN_SHINGLES else 0 for s in sets]
     found: dict[tuple[int, int], tuple[float, float]] = {}
     for i, s in enumerate(sets):
-        if len(s) < MIN_SHINGLES:
-            continue
-        shared: Counter[int] = Counter()  # later texts sharing sampled shingles with text i
-        for h in s:
-            if h % SAMPLE == 0:
-                docs = index[h]
-                if 2 <= len(docs) <= max_df:
-                    shared.update(docs[bisect_right(docs, i):])
-        mine = None
-        for j, c in shared.items():
-            if c >= 2 and c >= SAMPLED_SHARE * min(sampled[i], sampled[j]):
-                mine = mine if mine is not None else set(s)
-                _check(i, j, mine, sets[j], found)
-    # identical texts pair up even when every one of their shingles is too common to index
+        if len(s) >= MIN_SHINGLES:
+            _check_candidates(i, sets, index, sampled, max_df, found)
+    _check_identical(sets, found)
+    out = [(i, j, jac, con) for (i, j), (jac, con) in found.items()]
+    out.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
+    return out
+
+
+def _sample_index(sets: list[array[int]]) -> defaultdict[int, list[int]]:
+    """The inverted index: each sampled shingle -> the texts (long enough to count) holding it, ascending."""
+    index: defaultdict[int, list[int]] = defaultdict(list)
+    for i, s in enumerate(sets):
+        if len(s) >= MIN_SHINGLES:
+            for h in s:
+                if h % SAMPLE == 0:
+                    index[h].append(i)  # ascending i: each list is sorted
+    return index
+
+
+def _check_candidates(i: int, sets: list[array[int]], index: defaultdict[int, list[int]], sampled: list[int],
+                      max_df: int, found: dict[tuple[int, int], tuple[float, float]]) -> None:
+    """Count the later texts sharing sampled shingles with text ``i`` and check those sharing enough exactly."""
+    s = sets[i]
+    shared: Counter[int] = Counter()  # later texts sharing sampled shingles with text i
+    for h in s:
+        if h % SAMPLE == 0:
+            docs = index[h]
+            if 2 <= len(docs) <= max_df:
+                shared.update(docs[bisect_right(docs, i):])
+    mine = None
+    for j, c in shared.items():
+        if c >= 2 and c >= SAMPLED_SHARE * min(sampled[i], sampled[j]):
+            mine = mine if mine is not None else set(s)
+            _check(i, j, mine, sets[j], found)
+
+
+def _check_identical(sets: list[array[int]], found: dict[tuple[int, int], tuple[float, float]]) -> None:
+    """Identical texts pair up even when every one of their shingles is too common to index."""
     same: dict[bytes, list[int]] = defaultdict(list)
     for i, s in enumerate(sets):
         if len(s) >= MIN_SHINGLES:
@@ -190,9 +209,6 @@ def near_duplicates(texts: list[str], sets: list[array[int]] | None = None) -> l
             for y in range(x + 1, len(group)):
                 if (group[x], group[y]) not in found:
                     _check(group[x], group[y], set(sets[group[x]]), sets[group[y]], found)
-    out = [(i, j, jac, con) for (i, j), (jac, con) in found.items()]
-    out.sort(key=lambda t: (-t[2], -t[3], t[0], t[1]))
-    return out
 
 
 def _check(i: int, j: int, a: set[int], b: array[int], found: dict[tuple[int, int], tuple[float, float]]) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import orjson
 
 from ..book.checks import norm_title as norm
+from ..book.fences import is_fence_line
 from .titles import LIST_LINE, TITLE_LINE, clean_title, indent_width, marker_kind, weak_title
 
 
@@ -46,12 +47,14 @@ class TitleStream:
             rest = self.buf.lstrip()
             if not rest:
                 return
-            if rest.startswith("```"):  # a code fence opening: skip its whole line
+            if rest[0] in "`~":  # perhaps a code fence opening: skip its whole line
                 nl = rest.find("\n")
                 if nl < 0:
                     return
-                self.buf = rest[nl + 1:]
-                continue
+                start = len(self.buf) - len(rest)
+                if is_fence_line(self.buf[self.buf.rfind("\n", 0, start) + 1:start + nl]):
+                    self.buf = rest[nl + 1:]
+                    continue
             self.mode = "json" if rest[0] in "{[" else "text"
             self.i = self._line_start = len(self.buf) - len(rest)
         if self.mode == "json":
@@ -68,45 +71,55 @@ class TitleStream:
                 return
             line = buf[self._line_start:nl]
             self._line_start = nl + 1
-            s = line.strip()
-            if not s or s.startswith("```"):
-                continue
-            tm = TITLE_LINE.match(line)
-            if tm:
-                if self.title is None:
-                    self.title = clean_title(tm.group(1)) or None
-                continue
-            m = LIST_LINE.match(line)
-            if m:
-                indent, kind = indent_width(m.group("indent")), marker_kind(m.group("marker"))
-                if kind == "bullet":
-                    # Bullets may be notes around a numbered list (the final parse decides): never commit one
-                    # while streaming; a bulleted list's children start when its reply is complete.
-                    if self._level is None or indent <= self._level[0]:
-                        self.stalled = True
-                        return
-                    continue
-                if self._level is None:
-                    self._level = (indent, kind)  # the first list line sets the list's indent and marker
-                if indent > self._level[0]:
-                    continue  # a sub-bullet under a title: not a title
-                if (indent, kind) != self._level:
-                    self.stalled = True  # a list of another shape: leave it to the final parse
-                    return
-                t = clean_title(m.group("text"))
-                if t:
-                    self.items.append(t)
-            elif self.items:
-                # prose after the list: the final parse still takes the list; nothing more to start
-                self.stalled = True
+            if self._text_line(line):
                 return
 
+    def _text_line(self, line: str) -> bool:
+        """Take one complete line of a text reply; True when the scan stops at it (``stalled``)."""
+        if not line.strip() or is_fence_line(line):
+            return False
+        tm = TITLE_LINE.match(line)
+        if tm:
+            if self.title is None:
+                self.title = clean_title(tm.group(1)) or None
+            return False
+        m = LIST_LINE.match(line)
+        if m:
+            return self._list_line(indent_width(m.group("indent")), marker_kind(m.group("marker")), m.group("text"))
+        if self.items:
+            # prose after the list: the final parse still takes the list; nothing more to start
+            self.stalled = True
+            return True
+        return False
+
+    def _list_line(self, indent: int, kind: str, text: str) -> bool:
+        if kind == "bullet":
+            # Bullets may be notes around a numbered list (the final parse decides): never commit one while
+            # streaming; a bulleted list's children start when its reply is complete.
+            if self._level is None or indent <= self._level[0]:
+                self.stalled = True
+                return True
+            return False
+        if self._level is None:
+            self._level = (indent, kind)  # the first list line sets the list's indent and marker
+        if indent > self._level[0]:
+            return False  # a sub-bullet under a title: not a title
+        if (indent, kind) != self._level:
+            self.stalled = True  # a list of another shape: leave it to the final parse
+            return True
+        t = clean_title(text)
+        if t:
+            self.items.append(t)
+        return False
+
     # -- JSON: a small tokenizer that only ever consumes complete tokens ---------------------------------------
+    # Each token's method returns the index after the token, or -1 when the scan stops there: ``stalled``, or
+    # waiting for more of the reply (``i`` then says where to go on from).
     def _json(self) -> None:
         buf = self.buf
         n = len(buf)
         i = self.i
-        stack, keys, want_key = self._stack, self._key, self._want_key
+        stack, want_key = self._stack, self._want_key
         while i < n:
             c = buf[i]
             if c in " \t\r\n,:":
@@ -115,61 +128,68 @@ class TitleStream:
                 i += 1
                 continue
             if c == '"':
-                j = i + 1
-                while True:
-                    j = buf.find('"', j)
-                    if j < 0:
-                        self.i = i
-                        return  # incomplete string: wait for more
-                    k = j - 1
-                    while buf[k] == "\\":
-                        k -= 1
-                    if (j - 1 - k) % 2 == 0:
-                        break
-                    j += 1
-                try:
-                    value = orjson.loads(buf[i:j + 1])
-                except orjson.JSONDecodeError:
-                    self.stalled = True
-                    return
-                i = j + 1
-                self._string(value)
-                if self.stalled:
-                    return
-                continue
-            if c in "{[":
+                i = self._json_string(buf, i)
+            elif c in "{[":
                 self._open("o" if c == "{" else "a")
-                if self.stalled:  # a container inside the items: nothing after it is read as titles
-                    return
-                i += 1
-                continue
-            if c in "}]":
-                if not stack:
-                    self.stalled = True
-                    return
-                stack.pop()
-                keys.pop()
-                want_key.pop()
-                self._value_done()
-                i += 1
-                if not stack:  # the top-level value is complete
-                    self.stalled = True
-                    self.i = i
-                    return
-                continue
-            # a bare literal (number, true, false, null): complete once a delimiter follows it
-            j = i
-            while j < n and buf[j] not in " \t\r\n,:}]":
-                j += 1
-            if j >= n:
-                self.i = i
+                i = -1 if self.stalled else i + 1  # a container inside the items: nothing after it is titles
+            elif c in "}]":
+                i = self._json_close(i)
+            else:
+                i = self._json_literal(buf, i)
+            if i < 0:
                 return
-            if self._in_items():
-                self.stalled = True  # a non-string title: positions would no longer be certain
-                return
-            self._value_done()
-            i = j
         self.i = i
+
+    def _json_string(self, buf: str, i: int) -> int:
+        j = i + 1
+        while True:
+            j = buf.find('"', j)
+            if j < 0:
+                self.i = i
+                return -1  # incomplete string: wait for more
+            k = j - 1
+            while buf[k] == "\\":
+                k -= 1
+            if (j - 1 - k) % 2 == 0:
+                break
+            j += 1
+        try:
+            value = orjson.loads(buf[i:j + 1])
+        except orjson.JSONDecodeError:
+            self.stalled = True
+            return -1
+        self._string(value)
+        return -1 if self.stalled else j + 1
+
+    def _json_close(self, i: int) -> int:
+        stack = self._stack
+        if not stack:
+            self.stalled = True
+            return -1
+        stack.pop()
+        self._key.pop()
+        self._want_key.pop()
+        self._value_done()
+        if not stack:  # the top-level value is complete
+            self.stalled = True
+            self.i = i + 1
+            return -1
+        return i + 1
+
+    def _json_literal(self, buf: str, i: int) -> int:
+        """A bare literal (number, true, false, null): complete once a delimiter follows it."""
+        n = len(buf)
+        j = i
+        while j < n and buf[j] not in " \t\r\n,:}]":
+            j += 1
+        if j >= n:
+            self.i = i
+            return -1
+        if self._in_items():
+            self.stalled = True  # a non-string title: positions would no longer be certain
+            return -1
+        self._value_done()
+        return j
 
     def _in_items(self) -> bool:
         st = self._stack

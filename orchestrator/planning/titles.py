@@ -14,6 +14,7 @@ from typing import Any
 
 from ..book.checks import MAX_TITLE_WORDS, title_debris
 from ..book.checks import norm_title as norm
+from ..book.fences import fenced_code, is_fence_line
 
 MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
 
@@ -78,14 +79,11 @@ def _is_chatter(line: str) -> bool:
     return s[-1] in ".!?" and len(s.split()) >= 8
 
 
-_FENCE = re.compile(r"```[a-zA-Z]*\s*\n(.*?)```", re.DOTALL)
-
-
 def _find_json(text: str) -> Any:
     """The list-shaped JSON value a reply holds: a fenced block's, else the first JSON object or array that
     parses where it starts (prose around it is ignored). orjson has no incremental decoder, so this uses the
     standard library's ``raw_decode``, which parses a value and tells where it ended."""
-    candidates = [m.group(1).strip() for m in _FENCE.finditer(text)]
+    candidates = [code.strip() for code in fenced_code(text)]
     decoder = json.JSONDecoder()
     for block in [*candidates, text]:
         tries = 0
@@ -169,7 +167,7 @@ def extract_titles(text: str) -> tuple[str | None, list[str]]:
         if isinstance(data, dict) and isinstance(data.get("title"), str):
             title = clean_title(data["title"])
     else:
-        lines = [ln for ln in stripped.splitlines() if ln.strip() and not ln.strip().startswith("```")]
+        lines = [ln for ln in stripped.splitlines() if ln.strip() and not is_fence_line(ln)]
         for ln in lines:
             tm = TITLE_LINE.match(ln)
             if tm and title is None:

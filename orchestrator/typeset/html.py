@@ -23,6 +23,8 @@ import jinja2
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from ..book.fences import FENCE_OPEN, closes
+
 __all__ = [
     "Node",
     "document_html",
@@ -39,8 +41,6 @@ __all__ = [
 # Structure
 
 _HEADING = re.compile(r"^(#{1,4})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
-_FENCE_OPEN = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
-_FENCE_CLOSE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
 # A structural heading that recovers from an unclosed fence (a section cut mid-code by the token cap) must look
 # exactly like the ones the book's assembler writes: levels 2-4, alone between blank lines.
 _RECOVER = re.compile(r"^#{2,4}[ \t]+\S")
@@ -90,6 +90,9 @@ def _split_lines(markdown: str) -> list[str]:
     return markdown.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
+_Fence = tuple[str, str]  # an open code fence: (its mark, its language); the grammar is book/fences.py
+
+
 def parse_book(markdown: str, default_title: str = "Handbook", before: tuple[int, int, int] = (0, 0, 0)) -> Node:
     """Split the book into its structural tree. The first ``#`` heading is the title; later ``#`` headings are
     treated as parts. Text before the first part (a preface) is the root's body. ``before``: the Markdown is a
@@ -100,38 +103,14 @@ def parse_book(markdown: str, default_title: str = "Handbook", before: tuple[int
     stack: list[Node] = [root]
     body: list[str] = []
     counters = [0, 0, *before]
-    fence: tuple[str, int, str] | None = None  # (char, length, language)
+    fence: _Fence | None = None
     seen_title = False
 
-    def flush() -> None:
-        stack[-1].body = "\n".join(body).strip("\n")
-        body.clear()
-
-    n = len(lines)
     for i, line in enumerate(lines):
-        if fence is not None:
-            m = _FENCE_CLOSE.match(line)
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1]:
-                fence = None
-                body.append(line)
-                continue
-            recover = (
-                fence[2] not in _MARKDOWN_LANGS
-                and _RECOVER.match(line)
-                and i > 0 and not lines[i - 1].strip()
-                and (i + 1 >= n or not lines[i + 1].strip())
-            )
-            if not recover:
-                body.append(line)
-                continue
-            fence = None  # the section was cut mid-code: the heading ends it
-        else:
-            m = _FENCE_OPEN.match(line)
-            if m and not (m.group(2)[0] == "`" and "`" in m.group(3)):
-                info = m.group(3).strip().split()
-                fence = (m.group(2)[0], len(m.group(2)), info[0].lower() if info else "")
-                body.append(line)
-                continue
+        fence, code = _fence_step(lines, i, fence)
+        if code:
+            body.append(line)
+            continue
         h = _HEADING.match(line)
         if not h:
             body.append(line)
@@ -143,19 +122,48 @@ def parse_book(markdown: str, default_title: str = "Handbook", before: tuple[int
             root.title = title
             body.clear()
             continue
-        level = max(level, 2)
-        flush()
-        counters[level] += 1
-        for deeper in range(level + 1, 5):
-            counters[deeper] = 0
-        node_id = _ID_PREFIX[level] + "-".join(str(c) for c in counters[2 : level + 1])
-        node = Node(level, title, node_id)
-        while stack[-1].level >= level:
-            stack.pop()
-        stack[-1].children.append(node)
-        stack.append(node)
-    flush()
+        stack[-1].body = "\n".join(body).strip("\n")
+        body.clear()
+        _open_node(stack, counters, max(level, 2), title)
+    stack[-1].body = "\n".join(body).strip("\n")
     return root
+
+
+def _fence_step(lines: list[str], i: int, fence: _Fence | None) -> tuple[_Fence | None, bool]:
+    """The code fence open after line ``i`` (``fence``: the one open before it), and whether the line is code or
+    a fence line (the body's, never a heading)."""
+    line = lines[i]
+    if fence is None:
+        m = FENCE_OPEN.match(line)
+        if m:
+            info = m.group(3).strip().split()
+            return (m.group(2), info[0].lower() if info else ""), True
+        return None, False
+    if closes(line, fence[0]):
+        return None, True
+    recover = (
+        fence[1] not in _MARKDOWN_LANGS
+        and _RECOVER.match(line)
+        and i > 0 and not lines[i - 1].strip()
+        and (i + 1 >= len(lines) or not lines[i + 1].strip())
+    )
+    if not recover:
+        return fence, True
+    return None, False  # the section was cut mid-code: the heading ends it
+
+
+def _open_node(stack: list[Node], counters: list[int], level: int, title: str) -> None:
+    """Start the structural node of a heading at ``level`` (2-4): numbered, and the child of the innermost open
+    node above that level."""
+    counters[level] += 1
+    for deeper in range(level + 1, 5):
+        counters[deeper] = 0
+    node_id = _ID_PREFIX[level] + "-".join(str(c) for c in counters[2 : level + 1])
+    node = Node(level, title, node_id)
+    while stack[-1].level >= level:
+        stack.pop()
+    stack[-1].children.append(node)
+    stack.append(node)
 
 
 def toc_entries(root: Node) -> list[Node]:
