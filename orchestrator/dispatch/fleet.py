@@ -25,6 +25,7 @@ from ..core.errors import BackendError
 from ..core.events import BackendState
 from ..core.reply import Reply
 from ..wire.client import BackendClient
+from .pick import pick_backend
 
 
 @dataclass
@@ -90,19 +91,9 @@ class Fleet:
     # -- leases -------------------------------------------------------------------------------------------------
 
     def _pick(self) -> int | None:
-        best: int | None = None
-        best_load = 2.0
-        n = len(self.loads)
-        start = next(self._rr) % n
-        for k in range(n):
-            i = (start + k) % n
-            load = self.loads[i]
-            if not load.healthy or load.in_flight >= load.cap:
-                continue
-            frac = load.in_flight / load.cap
-            if frac < best_load:
-                best, best_load = i, frac
-        return best
+        loads = self.loads
+        start = next(self._rr) % len(loads)
+        return pick_backend([x.in_flight for x in loads], [x.cap for x in loads], [x.healthy for x in loads], start)
 
     def _take(self, i: int) -> None:
         load = self.loads[i]

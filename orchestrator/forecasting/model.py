@@ -118,13 +118,13 @@ def forecast(outline: Outline | None, settings: Settings, fits: Sequence[StepFit
     else:  # the outline exists: every section can go at once (the Writer's order), no planning request
         nodes = tuple(n if n.level == SECTION else Node(n.level, 0, n.order) for n in nodes)
         roots, pipeline = [k for k, n in enumerate(nodes) if n.level == SECTION], False
-    line = simulate(nodes, roots, [(f.a_ms, f.b_ms, f.cap) for f in fits], pipeline=pipeline)
+    run = simulate(nodes, roots, [(f.a_ms, f.b_ms, f.cap) for f in fits], pipeline=pipeline)
     tail = ASSEMBLE_S + ASSEMBLE_S_PER_SECTION * req.sections
     plan_requests = sum(1 for n in nodes if n.level != SECTION) if planning else 0
     plan_tokens = sum(n.tokens for n in nodes if n.level != SECTION) if planning else 0
     parts, chapters, sections = book.shape
-    write_s = (line.last_section_s - line.first_section_s
-               if line.first_section_s is not None and line.last_section_s is not None else 0.0)
+    write_s = (run.last_section_s - run.first_section_s
+               if run.first_section_s is not None and run.last_section_s is not None else 0.0)
     inputs = {
         "model": "event simulation of the fleet (forecasting/simulate.py): each backend a continuous batch, a step "
                  "a_ms + b_ms x running, least-loaded placement, planning first, children as titles stream",
@@ -146,12 +146,12 @@ def forecast(outline: Outline | None, settings: Settings, fits: Sequence[StepFit
         tokens=req.section_tokens + plan_tokens,
         words=round(req.words),
         pages=round(PAGES.pages(parts, chapters, sections, req.words)),
-        whole_job_s=STARTUP_S + line.end_s + tail,
-        plan_s=(STARTUP_S + line.titles_s) if planning else 0.0,
+        whole_job_s=STARTUP_S + run.end_s + tail,
+        plan_s=(STARTUP_S + run.titles_s) if planning else 0.0,
         write_s=write_s,
         per_backend=tuple(
             {"url": f.url, "sections": b.sections, "tokens": b.tokens, "busy_s": round(b.busy_s, 2)}
-            for f, b in zip(fits, line.backends, strict=True)
+            for f, b in zip(fits, run.backends, strict=True)
         ),
         inputs=inputs,
     )

@@ -20,7 +20,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BackendRun", "Node", "Timeline", "simulate"]
+from ..dispatch.pick import pick_backend
+
+__all__ = ["BackendRun", "Node", "SimulatedRun", "simulate"]
 
 SECTION = 3  # the level of a section node (0 book, 1 part, 2 chapter)
 
@@ -39,14 +41,17 @@ class Node:
 
 @dataclass(frozen=True)
 class BackendRun:
+    """One backend's share of a :class:`SimulatedRun`."""
+
     sections: int
     tokens: int
     busy_s: float  # time with at least one request running
 
 
 @dataclass(frozen=True)
-class Timeline:
-    """What the simulated job did, in seconds from its first request."""
+class SimulatedRun:
+    """What the simulated job did: when its requests ended, in seconds from its first request, and each
+    backend's share."""
 
     end_s: float  # the last request answered
     titles_s: float  # the last planning reply answered (0.0: no planning)
@@ -56,7 +61,7 @@ class Timeline:
 
 
 def simulate(nodes: Sequence[Node], roots: Sequence[int], steps: Sequence[tuple[float, float, int]], *,
-             pipeline: bool) -> Timeline:
+             pipeline: bool) -> SimulatedRun:
     """Run ``nodes`` (``roots`` ready at t=0) over backends given as ``(a_ms, b_ms, cap)``."""
     return _Run(nodes, steps, pipeline).go(roots)
 
@@ -89,7 +94,7 @@ class _Run:
         for node in nodes:
             self.left[node.level] += 1
 
-    def go(self, roots: Sequence[int]) -> Timeline:
+    def go(self, roots: Sequence[int]) -> SimulatedRun:
         for k in roots:
             self._ready(k)
         while True:
@@ -99,7 +104,7 @@ class _Run:
                 break
             self._advance(t_next)
             self._fire(i)
-        return Timeline(
+        return SimulatedRun(
             end_s=self.t, titles_s=self.titles_s, first_section_s=self.first_section,
             last_section_s=self.last_section,
             backends=tuple(BackendRun(s, k, b) for s, k, b in zip(self.sections, self.tokens, self.busy, strict=True)),
@@ -110,18 +115,10 @@ class _Run:
         heapq.heappush(self.ready, (1 if node.level == SECTION else 0, node.order, k))
 
     def _pick(self) -> int:
-        """The backend with the lowest load that has room (Fleet._pick: strict ``<`` from a rotating start)."""
-        n = len(self.cap)
-        start = next(self.rr) % n
-        best, best_load = -1, 2.0
-        for j in range(n):
-            i = (start + j) % n
-            if self.run[i] >= self.cap[i]:
-                continue
-            load = self.run[i] / self.cap[i]
-            if load < best_load:
-                best, best_load = i, load
-        return best
+        """The backend with the lowest load that has room, -1 when none has: the fleet's rule (every backend is
+        healthy here)."""
+        best = pick_backend(self.run, self.cap, None, next(self.rr) % len(self.cap))
+        return -1 if best is None else best
 
     def _dispatch(self) -> None:
         while self.ready:
