@@ -7,8 +7,6 @@ import math
 import os
 import re
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .errors import ConfigError
+from .settings_types import check_field_types, conforms, describe_type, show_value
 
 DEFAULT_PROMPT = "Write me a complete software engineering handbook"
 
@@ -108,6 +107,11 @@ class Settings:
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, name, os.fspath(value))
         check_field_types(self, "setting")
+        self._check_ranges()
+        self._check_choices()
+        object.__setattr__(self, "formats", _formats(self.formats))
+
+    def _check_ranges(self) -> None:
         for name in ("parts", "chapters", "sections", "words", "max_tokens", "cap", "plan_max_tokens", "attempts"):
             check_positive_int(name, getattr(self, name))
         # 0 would fail every connection, every request, or spin the sampler: more than 0
@@ -128,20 +132,14 @@ class Settings:
         _check_number("top_p", self.top_p, 0, 1, low_open=True)
         _check_number("repetition_penalty", self.repetition_penalty, 0, 3, low_open=True)
         _check_number("frequency_penalty", self.frequency_penalty, -2, 2)
+
+    def _check_choices(self) -> None:
         from .profiles import PLANNING_STYLES, PROFILE_NAMES
 
         if self.profile not in PROFILE_NAMES:
             raise ConfigError(f"profile must be one of {', '.join(PROFILE_NAMES)}; got {self.profile!r}")
         if self.planning is not None and self.planning not in PLANNING_STYLES:
             raise ConfigError(f"planning must be one of {', '.join(PLANNING_STYLES)}; got {self.planning!r}")
-        formats = self.formats
-        bad = [f for f in formats if f not in ("md", "html", "pdf")]
-        if bad or not formats:
-            raise ConfigError(f"setting 'formats' (--format): expected any of md,html,pdf; got "
-                              f"{','.join(formats) or 'nothing'}")
-        if "md" not in formats:
-            formats = ("md", *formats)  # book.md is always written: it is what everything else is made from
-        object.__setattr__(self, "formats", formats)
 
     def max_tokens_for(self, words: int) -> int:
         """The token cap of a section asked for ``words``: a length set in outline.md scales the cap with it, never
@@ -201,116 +199,6 @@ SETTING_NAMES = {f.name for f in fields(Settings)}
 JOB_KEYS = SETTING_NAMES | {"prompt", "backends", "backend", "out", "format", "preset"}
 
 
-# -- types: every field's value against the type its annotation declares ------------------------------------------
-#
-# Why a check driven by the dataclass fields rather than pydantic or msgspec: the annotations already say every
-# type, and the frozen dataclasses stay plain dataclasses (``replace``, ``fields``, ``public``, the library's
-# ``Settings(...)``) with no second schema to keep in step. pydantic is here only as openai's dependency (not ours
-# to lean on), coerces by default ("false" -> False, 2.0 -> 2) unless every model is made strict, costs a noticeable
-# import on every CLI start and words its errors over several lines; msgspec is not installed. What is needed is a
-# few kinds (bool, int, float, str, None, tuple/list of them), a one-line message naming the key, and no coercion:
-# well under a hundred lines. A field whose annotation uses a kind not handled here fails loudly (TypeError), and
-# tests/test_settings_types.py checks every field of Settings.
-
-_KINDS: dict[Any, str] = {
-    bool: "true or false (a bool)",
-    int: "a whole number (an int)",
-    float: "a number (a float)",
-    str: "text (a str)",
-    type(None): "None (not set)",
-}
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    """The evaluated annotations of a dataclass (strings under ``from __future__ import annotations``), once."""
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
-def _conforms(value: Any, tp: Any) -> bool:
-    """``value`` is of type ``tp``, without coercion: a bool is not an int, a str is not a bool, an int is a float.
-    The kinds handled: bool, int, float, str, None, Any, unions, tuple/list (a tuple field takes a list) and dict."""
-    if tp is Any:
-        return True
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if origin in (tuple, list):  # a TOML array, a JSON list or a tuple: the same sequence
-        if not isinstance(value, tuple | list):
-            return False
-        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
-            return all(_conforms(x, args[0]) for x in value)
-        return len(value) == len(args) and all(_conforms(x, a) for x, a in zip(value, args, strict=True))
-    if origin is dict:  # a TOML table
-        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1])
-                                               for k, v in value.items())
-    raise TypeError(f"check_field_types does not handle the annotation {tp!r}")
-
-
-def _expected(tp: Any) -> str:
-    if tp in _KINDS:
-        return _KINDS[tp]
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_expected(a) for a in args)
-    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
-        return f"a list of {_item(args[0])}"
-    if origin is tuple:
-        return f"a list of {len(args)}: {', '.join(_item(a) for a in args)}"
-    return repr(tp)
-
-
-def _item(tp: Any) -> str:
-    """An item type as a list's description names it: "str", "str or table"."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_item(a) for a in typing.get_args(tp))
-    if tp is dict or origin is dict:
-        return "table"
-    return getattr(tp, "__name__", repr(tp))
-
-
-def _shown(value: Any, secret: bool) -> str:
-    """A wrong value as a message shows it: its repr, shortened, credentials in URLs hidden; a secret only by type."""
-    kind = type(value).__name__
-    article = "an" if kind[:1].lower() in "aeiou" else "a"
-    if secret:
-        return f"a value hidden here ({article} {kind})"
-    text = re.sub(r"://[^/@\s'\"]*@", "://***@", repr(value))
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{text} ({article} {kind})"
-
-
-def check_field_types(obj: Any, label: str) -> None:
-    """Each field of the dataclass ``obj`` holds the type its annotation declares, else a one-line ConfigError
-    naming the field, the value and what was expected. A list given for a tuple field becomes that tuple (the
-    dataclasses are frozen and hashable). Fields with ``repr=False`` (keys, credentials) are never shown."""
-    hints = _field_types(type(obj))
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        tp = hints[f.name]
-        if not _conforms(value, tp):
-            raise ConfigError(f"{label} {f.name!r}: expected {_expected(tp)}, got {_shown(value, not f.repr)}")
-        if isinstance(value, list) and typing.get_origin(tp) is not list:
-            object.__setattr__(obj, f.name, tuple(value))
-
-
 # The job file's own keys (not settings): what each takes. backends/backend entries are checked by Backend.
 _JOB_KEY_TYPES: dict[str, Any] = {
     "prompt": str,
@@ -330,6 +218,17 @@ def _check_number(name: str, v: Any, low: float, high: float, *, low_open: bool 
         raise ConfigError(f"{name} must be a number, got {v!r}")
     if not (low < v <= high if low_open else low <= v <= high):
         raise ConfigError(f"{name} must be between {low:g} and {high:g}, got {v}")
+
+
+def _formats(formats: tuple[str, ...]) -> tuple[str, ...]:
+    """The output formats asked for, checked; md is always among them."""
+    bad = [f for f in formats if f not in ("md", "html", "pdf")]
+    if bad or not formats:
+        raise ConfigError(f"setting 'formats' (--format): expected any of md,html,pdf; got "
+                          f"{','.join(formats) or 'nothing'}")
+    if "md" not in formats:
+        formats = ("md", *formats)  # book.md is always written: it is what everything else is made from
+    return formats
 
 
 def check_positive_int(name: str, value: Any) -> None:
@@ -415,11 +314,11 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
             where = f" (line {line})" if line else ""
             raise ConfigError(f"unknown key {key!r} in {p}{where}; known keys: {', '.join(sorted(JOB_KEYS))}")
         tp = _JOB_KEY_TYPES.get(key)
-        if tp is not None and not _conforms(data[key], tp):
+        if tp is not None and not conforms(data[key], tp):
             line = _line_of_key(text, key)
             where = f" (line {line})" if line else ""
-            raise ConfigError(f"job file {p}{where}: {key!r}: expected {_expected(tp)}, "
-                              f"got {_shown(data[key], False)}")
+            raise ConfigError(f"job file {p}{where}: {key!r}: expected {describe_type(tp)}, "
+                              f"got {show_value(data[key], False)}")
     return data
 
 
@@ -439,7 +338,7 @@ def settings_from(values: Mapping[str, Any], base: Settings | None = None) -> Se
     stays). ``formats`` may be one comma-separated string ("md,pdf", as --format takes it). Every other value must
     already have its field's type: Settings checks them all (check_field_types), nothing is coerced."""
     if not isinstance(values, Mapping):
-        raise ConfigError(f"settings must be a mapping of names to values, got {_shown(values, False)}")
+        raise ConfigError(f"settings must be a mapping of names to values, got {show_value(values, False)}")
     for key in values:
         if key not in JOB_KEYS:
             near = difflib.get_close_matches(str(key), sorted(SETTING_NAMES), n=1)

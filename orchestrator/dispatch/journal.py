@@ -14,9 +14,9 @@ A node is committed as soon as it finishes, so a kill -9 loses at most the reque
 same command opens the same journal: the outline and finished sections are reused and only what is missing is
 requested. The API key is never written (``Settings.public()`` leaves it out; backends are stored as URLs).
 
-This module is the storage (its schema and migration: journal_schema.py). The Dispatcher, given the journal,
-is where resuming happens: a node already in the journal is answered from it without a request, and a node that
-finishes is written to it (``Dispatcher.run``).
+This module is the storage (its schema and migration: journal_schema.py; the out dir's lock and the journal's
+files: journal_files.py). The Dispatcher, given the journal, is where resuming happens: a node already in the
+journal is answered from it without a request, and a node that finishes is written to it (``Dispatcher.run``).
 
 Why a planning node keeps its accepted titles and its committed ones: a node re-asked after an unusable reply
 keeps the titles its earlier reply had already committed (their children were started), so its final list is
@@ -43,6 +43,7 @@ from ..core.errors import ConfigError, OutputError
 from ..core.outline import Outline
 from ..core.reply import Reply
 from ..core.states import NodeKind, RunStatus
+from .journal_files import lock_out_dir, no_room, remove_journal, storage_failure, unlock
 from .journal_schema import dumps, open_db
 
 FILENAME = "journal.sqlite"
@@ -149,13 +150,13 @@ class Journal:
         when the settings differ in a way that would change the outline or the sections (unless ``fresh``: then
         the old journal is discarded), or when it is not a journal we can read (corrupt, foreign, newer)."""
         path = out_dir / FILENAME
-        lock = _lock(path)
+        lock = lock_out_dir(path)
         try:
             if fresh:
-                _remove(path)
+                remove_journal(path)
             journal = cls._open(path, prompt, settings, lock)
         except BaseException:
-            _unlock(lock)
+            unlock(lock)
             raise
         return journal
 
@@ -199,7 +200,7 @@ class Journal:
             if conn is not None:
                 conn.close()
             why = " ".join(str(e).split())[:120] or type(e).__name__
-            if isinstance(e, sqlite3.Error) and _no_room(why):  # a good journal on a full disk: not bad input
+            if isinstance(e, sqlite3.Error) and no_room(why):  # a good journal on a full disk: not bad input
                 raise OutputError(f"cannot write {path}: {why}; free space and rerun to resume") from None
             raise ConfigError(
                 f"{path} is not a readable handbook journal ({why}); remove it, choose another --out, "
@@ -284,7 +285,7 @@ class Journal:
 
     def lost_message(self, what: str, why: str) -> str:
         """The one line of a job that cannot write ``what``: which file, why, what is safe, what to do."""
-        fix = "free space and rerun to resume" if _no_room(why) else "fix that and rerun to resume"
+        fix = "free space and rerun to resume" if no_room(why) else "fix that and rerun to resume"
         planned = (sum(1 for n in self.nodes.values() if n.kind != NodeKind.SECTION) + self.written
                    - self.written_sections)
         outline = f" and {planned} outline node(s)" if planned and self.outline is None else ""
@@ -315,7 +316,7 @@ class Journal:
             self._db.close()
         except sqlite3.Error:
             pass
-        _unlock(self._lock)
+        unlock(self._lock)
         self._lock = None
 
     _ok = True  # the last write went through
@@ -335,7 +336,7 @@ class Journal:
         except (sqlite3.Error, OSError) as e:
             # The database failing to store (full, read-only, an I/O error, a damaged file) is this; a wrong
             # statement or parameter is a bug of ours and propagates.
-            if not _storage_failure(e):
+            if not storage_failure(e):
                 raise
             self._ok = False
             self.failures += 1
@@ -355,26 +356,6 @@ class Journal:
         return OutputError(self.lost_message(str(self.path), self._failed_why))
 
 
-
-# SQLite's primary result codes for a database that cannot store what it is given (extended codes such as
-# SQLITE_IOERR_WRITE begin with these); anything else (SQLITE_ERROR: a wrong statement; SQLITE_MISUSE, SQLITE_RANGE,
-# SQLITE_CONSTRAINT) is a fault of the code that asked.
-_STORAGE_CODES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_CORRUPT",
-                  "SQLITE_NOTADB", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PERM", "SQLITE_NOMEM", "SQLITE_NOLFS")
-
-
-def _storage_failure(e: BaseException) -> bool:
-    if isinstance(e, OSError):
-        return True
-    name = getattr(e, "sqlite_errorname", None) or ""
-    return name.startswith(_STORAGE_CODES)
-
-
-def _no_room(why: str) -> bool:
-    """Does an error's text say the disk (or the quota) is full? SQLite words it "database or disk is full"."""
-    return any(w in why.lower() for w in ("disk is full", "no space left", "quota exceeded", "file too large"))
-
-
 def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) -> None:
     """Sections journaled before their context was (an older handbook) get it from the outline they were written
     for, so that an edited outline.md cannot put their text under another chapter, part or length."""
@@ -384,57 +365,3 @@ def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) ->
         if node.kind == NodeKind.SECTION and node.context is None and ref is not None and ref.title == node.title:
             value = node.value if isinstance(node.value, dict) else {}
             nodes[path] = replace(node, value={**value, "context": ref.context(ref.words or words)})
-
-
-def _lock(path: Path) -> Any:
-    """Hold an exclusive lock on the out dir for this job (released on close or when the process dies)."""
-    import errno
-    import fcntl
-    import os
-
-    lock_path = path.with_name(path.name + ".lock")
-    try:
-        f = open(lock_path, "a+")
-    except OSError as e:
-        raise ConfigError(f"cannot create the lock file {lock_path}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip()
-        f.close()
-        who = f" (pid {holder})" if holder.isdigit() else ""
-        raise ConfigError(
-            f"another handbook job{who} is writing to {path.parent}; wait for it, or choose another --out"
-        ) from None
-    try:
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-    except OSError as e:  # the lock is held all the same; only the pid in it (for the message above) is missing
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            f.close()
-            raise ConfigError(f"cannot write the lock file {lock_path}: {e.strerror or e}") from None
-    return f
-
-
-def _unlock(lock: Any) -> None:
-    if lock is not None:
-        try:
-            lock.close()  # closing the descriptor releases the flock
-        except OSError:
-            pass
-
-
-
-def _remove(path: Path) -> None:
-    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise ConfigError(f"cannot remove the old journal {p}: {e.strerror or e}") from None
-
-

@@ -3,8 +3,9 @@ request.
 
 Requests stream through our own protocol-level reader (sseproto.py; aiohttp where it does not apply: https, or
 after a response head it could not read) and orjson (the events themselves: sse.py); the openai SDK
-(max_retries=0) is the client for everything else: model discovery and validation (``discover``). Structured
-output is decided here too: a client sends ``response_format`` until its server refuses it (``send``).
+(max_retries=0) is the client for everything else: model discovery and validation (``discover``, in discover.py,
+importable from here as before). Structured output is decided here too: a client sends ``response_format`` until
+its server refuses it (``send``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import anyio
 import orjson
 
 from ..core.config import Backend
-from ..core.errors import BackendError, ConfigError
 from ..core.reply import ANSWERS, FINISH_SYNONYMS, Reply
+from .discover import auth_header as auth_header
+from .discover import discover as discover
+from .discover import short_error
+from .hotpath import ConnectError, on_asyncio
 from .sse import MalformedStream, StreamState, Watch, read_events
-from .sseproto import ConnectError, Pool, on_asyncio, usable
+from .sseproto import Pool, usable
 
 MIN_TOKENS_PER_S = 0.5  # the slowest decoding a request's deadline allows for (see BackendClient.deadline_for)
 
@@ -219,13 +223,13 @@ class BackendClient:
             why = " ".join(str(e.message or type(e).__name__).split())[:200]
             return self._fail(t0, attempt, f"connection error: unreadable response head: {why}", st, health=True)
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            return self._fail(t0, attempt, f"stream cut: {_short(e)}", st, health=True)
+            return self._fail(t0, attempt, f"stream cut: {short_error(e)}", st, health=True)
         except (aiohttp.ClientConnectorError, ConnectError) as e:
-            return self._fail(t0, attempt, f"connection failed: {_short(e.os_error or e)}", st, health=True)
+            return self._fail(t0, attempt, f"connection failed: {short_error(e.os_error or e)}", st, health=True)
         except (aiohttp.ClientError, OSError) as e:
-            return self._fail(t0, attempt, f"connection error: {_short(e)}", st, health=True)
+            return self._fail(t0, attempt, f"connection error: {short_error(e)}", st, health=True)
         except MalformedStream as e:  # what the server sent (sse._fields, the stream caps); nothing of ours
-            return self._fail(t0, attempt, f"malformed stream: {_short(e)}", st, health=True)
+            return self._fail(t0, attempt, f"malformed stream: {short_error(e)}", st, health=True)
         # Anything else is a fault of ours (a consumer of the deltas, the planner's stream, this client): it
         # propagates, ends the job as an internal error and counts against no backend.
         finally:
@@ -302,22 +306,6 @@ class BackendClient:
         )
 
 
-def auth_header(backend: Backend, key: str) -> str:
-    """HTTP basic auth when the backend URL carried user:password (a proxy in front of the server), else the
-    OpenAI-style bearer key."""
-    if backend.auth is not None:
-        import base64
-
-        token = base64.b64encode(f"{backend.auth[0]}:{backend.auth[1]}".encode()).decode()
-        return f"Basic {token}"
-    return f"Bearer {key}"
-
-
-def _short(e: BaseException) -> str:
-    s = str(e) or type(e).__name__
-    return " ".join(s.split())[:200]
-
-
 def _error_message(text: str) -> str:
     try:
         data = orjson.loads(text)
@@ -357,52 +345,3 @@ def _is_json(text: str) -> bool:
     except orjson.JSONDecodeError:
         return False
     return True
-
-
-async def discover(backend: Backend, api_key: str | None, wanted: str | None, *, timeout_s: float = 8.0) -> str:
-    """Check that ``backend`` is an OpenAI-compatible server and return the model to use (through the openai SDK:
-    not the hot path). ``timeout_s`` bounds the /models request.
-
-    Raises BackendError (unreachable, not OpenAI-compatible, key refused) or ConfigError (unknown --model).
-    The key itself is never part of a message.
-    """
-    import openai
-
-    key = backend.api_key or api_key or "EMPTY"
-    client = openai.AsyncOpenAI(
-        base_url=backend.url, api_key=key, max_retries=0, timeout=timeout_s,
-        default_headers={"Authorization": auth_header(backend, key)} if backend.auth else None,
-    )
-    try:
-        page = await client.models.list()
-        ids = [m.id for m in page.data if getattr(m, "id", None)]
-    except openai.AuthenticationError:
-        raise BackendError(
-            f"{backend.url} refused the API key (HTTP 401); pass --api-key or set OPENAI_API_KEY"
-        ) from None
-    except openai.PermissionDeniedError:
-        raise BackendError(f"{backend.url} refused the API key (HTTP 403)") from None
-    except openai.APITimeoutError:
-        raise BackendError(f"{backend.url} did not answer within {timeout_s:g} s") from None
-    except openai.APIConnectionError as e:
-        cause = e.__cause__ or e
-        raise BackendError(f"cannot reach {backend.url}: {_short(cause)}") from None
-    except openai.NotFoundError:
-        raise BackendError(f"{backend.url} is not an OpenAI-compatible server (no /models endpoint)") from None
-    except (openai.APIStatusError, openai.APIResponseValidationError) as e:
-        code = getattr(e, "status_code", None)
-        raise BackendError(
-            f"{backend.url} is not an OpenAI-compatible server ({'HTTP ' + str(code) if code else 'bad /models reply'})"
-        ) from None
-    except (ValueError, TypeError, AttributeError):
-        raise BackendError(f"{backend.url} is not an OpenAI-compatible server (bad /models reply)") from None
-    finally:
-        await client.close()
-    if not ids:
-        raise BackendError(f"{backend.url} lists no models")
-    want = backend.model or wanted
-    if want is None:
-        return ids[0]
-    if want not in ids:
-        raise ConfigError(f"model {want!r} is not served by {backend.url}; it offers: {', '.join(ids)}")
-    return want

@@ -8,18 +8,18 @@ parser Node.js and uvicorn use, so nothing of HTTP is parsed by hand) and the SS
 at ``[DONE]``, at the end of the body, or on an error. Connections are kept alive and reused per backend.
 
 It serves only plain ``http://`` URLs without a query, on asyncio, with httptools installed (``usable``). A response
-whose head cannot be parsed (a 101 Switching Protocols too) fails its request as aiohttp fails it (ClientResponseError:
-the request was sent, so it is never sent again) and retires the pool: the client sends later requests through
-aiohttp. Errors are raised as aiohttp's own (ServerDisconnectedError, ClientPayloadError, ClientResponseError) or
-``ConnectError``, so the client words them as it does for aiohttp; what the SSE parser raises (``MalformedStream``
-for the server's data, anything else for ours) reaches the request as it was raised.
+whose head cannot be parsed (a 101 Switching Protocols too) fails its request as aiohttp fails it
+(ClientResponseError: the request was sent, so it is never sent again) and retires the pool: the client sends later
+requests through aiohttp. Errors are raised as aiohttp's own (ServerDisconnectedError, ClientPayloadError,
+ClientResponseError) or ``ConnectError`` (hotpath.py, with ``Response``), so the client words them as it does for
+aiohttp; what the SSE parser raises (``MalformedStream`` for the server's data, anything else for ours) reaches the
+request as it was raised.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +31,8 @@ import anyio
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from .hotpath import ConnectError, Response
+from .hotpath import event_loop_options as event_loop_options
 from .sse import SseParser, StreamState, Watch
 
 try:
@@ -42,50 +44,9 @@ STALE_WINDOW_S = 1.0  # a kept-alive connection closed this soon after the write
 KEEPALIVE_S = 4.0  # an idle connection older than this is not reused: uvicorn (vLLM) closes them after 5 s
 
 
-class ConnectError(aiohttp.ClientConnectionError):
-    """The TCP connection could not be made (``os_error`` says why), as aiohttp's ClientConnectorError."""
-
-    def __init__(self, os_error: OSError):
-        super().__init__(str(os_error))
-        self.os_error = os_error
-
-
-class Response:
-    """A finished response: ``done`` ([DONE] read) for a 200, else the status, Retry-After and the body's first
-    500 bytes."""
-
-    __slots__ = ("body", "done", "retry_after", "status")
-
-    def __init__(self, status: int, done: bool = False, body: bytes = b"", retry_after: str | None = None):
-        self.status = status
-        self.done = done
-        self.body = body
-        self.retry_after = retry_after
-
-
 def usable(url: str) -> bool:
     u = urlsplit(url)
     return httptools is not None and u.scheme == "http" and not u.query and not u.fragment and bool(u.hostname)
-
-
-def on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # trio: aiohttp's path only
-        return False
-    return True
-
-
-def event_loop_options() -> dict[str, Any]:
-    """anyio.run's backend options for a job: uvloop where it is installed (not on Windows), which makes every
-    socket read cheaper (benchmarks/client_overhead.py shows by how much); else asyncio's own loop."""
-    if sys.platform == "win32":
-        return {}
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return {}
-    return {"use_uvloop": True}
 
 
 class _Conn(asyncio.BufferedProtocol):
