@@ -129,9 +129,9 @@ def document_cpu_s(sizes: tuple[int, ...] = (1, 4, 16)) -> tuple[float, float]:
     from orchestrator.typeset.galley import book_items, templates_digest
     from orchestrator.typeset.html import parse_book, render_inline
     from orchestrator.typeset.pdf import galley_job
-    from orchestrator.typeset.pool import _Pool
+    from orchestrator.typeset.pool import Pool
 
-    pool = _Pool(1)
+    pool = Pool(1)
     points = []
     try:
         with tempfile.TemporaryDirectory(prefix="pdf-ready-doc-") as tmp:

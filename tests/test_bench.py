@@ -92,8 +92,13 @@ def test_outputs_table_csv_chart(one_card_ladder):
     svg = ET.parse(out / "ladder.svg").getroot()
     ns = "{http://www.w3.org/2000/svg}"
     assert svg.tag == f"{ns}svg"
-    assert len(svg.findall(f"{ns}polyline")) >= 2  # total and per stream (and the fit)
-    assert len(svg.findall(f"{ns}circle")) >= 8
+    # each series is a group named by its id (report.chart_svg): total and per stream, a marker per level, and the fit
+    series = {g.get("id"): g for g in svg.iter(f"{ns}g") if g.get("id") in ("total", "per-stream", "fit")}
+    assert set(series) == {"total", "per-stream", "fit"}
+    assert [len(series[s].findall(f".//{ns}use")) for s in ("total", "per-stream")] == [4, 4]
+    assert series["fit"].find(f".//{ns}path") is not None
+    texts = {t.text for t in svg.iter(f"{ns}text")}
+    assert {"1", "4", "16", "64", "total tok/s (sustained)", "per-stream tok/s"} <= texts
 
 
 def test_two_cards_sum_to_twice_one(one_card_ladder):
@@ -163,7 +168,10 @@ def test_fit_skips_levels_not_held_and_needs_two():
 def test_chart_with_one_level_and_no_fit():
     ladder = {"levels": [{"streams": 8, "sustained_tok_s": 500.0, "best_second_tok_s": 510.0,
                           "per_stream_tok_s": 62.5, "held": True}], "fit": None, "backends": ["x"]}
-    ET.fromstring(chart_svg(ladder))
+    svg = ET.fromstring(chart_svg(ladder))
+    ns = "{http://www.w3.org/2000/svg}"
+    ids = {g.get("id") for g in svg.iter(f"{ns}g")}
+    assert {"total", "per-stream"} <= ids and not ids & {"fit", "ceiling", "not-held"}
 
 
 def ladder_file(path: Path, rows: list, label: str | None = None, ttft=None, running=None, waiting=None) -> str:

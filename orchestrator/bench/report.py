@@ -1,6 +1,7 @@
 """The bench's outputs: the rich tables (reference Tables 1 and 2), ladder.json/.csv and an SVG chart.
 
-Everything here is pure (values in, text or files out); the SVG is written directly, no plotting library.
+Everything here is pure (values in, text or files out); the SVG chart is drawn with matplotlib (imported only
+when a chart is drawn).
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import csv
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape
 
 import orjson
 from rich import box
@@ -140,6 +141,9 @@ def write_csv(path: Path, levels: Sequence[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------------------ SVG chart
 
+BLUE, ORANGE, GREY = "#1f5fbf", "#d9730d", "#888888"
+FIT_DASH, CEILING_DASH = (0, (5, 4)), (0, (1, 3))
+
 
 def _nice_max(v: float) -> float:
     if v <= 0:
@@ -151,142 +155,149 @@ def _nice_max(v: float) -> float:
     return 10 * e
 
 
-def chart_svg(ladder: dict[str, Any]) -> str:
-    """Total and per-stream tok/s against streams (log2 x axis), the fit's prediction dashed; one SVG string."""
-    levels = [lv for lv in ladder["levels"] if lv.get("sustained_tok_s") is not None]
-    k = max(1, len(ladder.get("backends") or [1]))
-    w, h = 760, 480
-    left, right, top, bottom = 78, 78, 48, 104
-    pw, ph = w - left - right, h - top - bottom
-    xs = [float(lv["streams"]) for lv in levels] or [1.0]
-    lx_min, lx_max = math.log2(min(xs)), math.log2(max(xs))
-    if lx_max - lx_min < 1e-9:
-        lx_min, lx_max = lx_min - 1, lx_max + 1
-    fit = ladder.get("fit")
-    ceiling = k * fit["ceiling_tok_s"] if fit and fit.get("ceiling_tok_s") else None
-    tot_max = _nice_max(
-        max(
+def _text(s: str) -> str:
+    """A label drawn as it is written: a ``$`` (a model's name may hold one) is not matplotlib's mathtext."""
+    return s.replace("$", r"\$")
+
+
+@dataclass(frozen=True)
+class _ChartData:
+    """What the ladder chart shows: the levels measured, the servers, the fit and the axes' ranges."""
+
+    levels: list[dict[str, Any]]  # those with a sustained rate
+    k: int  # servers
+    xs: list[float]  # stream counts (per server); [1.0] when none
+    x_range: tuple[float, float]  # log2 of the x axis's ends
+    fit: dict[str, Any] | None
+    ceiling: float | None  # the fit's implied ceiling, all servers together (tok/s)
+    tot_max: float  # the left axis's top (total tok/s)
+    per_max: float  # the right axis's top (per-stream tok/s)
+
+    @classmethod
+    def of(cls, ladder: dict[str, Any]) -> _ChartData:
+        levels = [lv for lv in ladder["levels"] if lv.get("sustained_tok_s") is not None]
+        k = max(1, len(ladder.get("backends") or [1]))
+        xs = [float(lv["streams"]) for lv in levels] or [1.0]
+        lx_min, lx_max = math.log2(min(xs)), math.log2(max(xs))
+        if lx_max - lx_min < 1e-9:
+            lx_min, lx_max = lx_min - 1, lx_max + 1
+        fit = ladder.get("fit")
+        ceiling = k * fit["ceiling_tok_s"] if fit and fit.get("ceiling_tok_s") else None
+        tot_max = _nice_max(max(
             [ceiling or 0]
             + [lv["sustained_tok_s"] for lv in levels]
             + [lv.get("best_second_tok_s") or 0 for lv in levels]
             + [predicted_total(fit, x, k) or 0 for x in xs]
             + [1.0]
-        )
-    )
-    per_max = _nice_max(max([lv.get("per_stream_tok_s") or 0 for lv in levels] + [1.0]))
+        ))
+        per_max = _nice_max(max([lv.get("per_stream_tok_s") or 0 for lv in levels] + [1.0]))
+        return cls(levels, k, xs, (lx_min, lx_max), fit, ceiling, tot_max, per_max)
 
-    def X(n: float) -> float:
-        return left + pw * (math.log2(n) - lx_min) / (lx_max - lx_min)
+    def title(self, model: str | None) -> str:
+        title = "Throughput ladder"
+        if model:
+            title += f" - {model}"
+        return title + f" ({self.k} server{'s' if self.k != 1 else ''}; read from the servers' counters)"
 
-    def YL(v: float) -> float:
-        return top + ph * (1 - v / tot_max)
+    def fit_curve(self, steps: int = 64) -> tuple[list[float], list[float]]:
+        """The fit's predicted total tok/s over the x axis (log-spaced), where it predicts one."""
+        ns: list[float] = []
+        ps: list[float] = []
+        if self.fit and len(self.xs) >= 2:
+            lx_min, lx_max = self.x_range
+            for i in range(steps + 1):
+                n = 2 ** (lx_min + (lx_max - lx_min) * i / steps)
+                p = predicted_total(self.fit, n, self.k)
+                if p is not None:
+                    ns.append(n)
+                    ps.append(p)
+        return ns, ps
 
-    def YR(v: float) -> float:
-        return top + ph * (1 - v / per_max)
 
-    blue, orange, grey = "#1f5fbf", "#d9730d", "#888888"
-    out = [
-        (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-            'font-family="Helvetica, Arial, sans-serif" font-size="12">'
-        ),
-        f'<rect width="{w}" height="{h}" fill="white"/>',
-    ]
-    title = "Throughput ladder"
-    if ladder.get("model"):
-        title += f" - {ladder['model']}"
-    title += f" ({k} server{'s' if k != 1 else ''}; read from the servers' counters)"
-    out.append(f'<text x="{w / 2}" y="24" text-anchor="middle" font-size="14">{escape(title)}</text>')
-    # grid and axes
-    for i in range(6):
-        v = tot_max * i / 5
-        y = YL(v)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        out.append(
-            f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end" fill="{blue}">{v:,.0f}</text>'
-        )
-        pv = per_max * i / 5
-        out.append(
-            f'<text x="{left + pw + 8}" y="{y + 4:.1f}" text-anchor="start" fill="{orange}">{pv:,.1f}</text>'
-        )
-    for x in sorted(set(xs)):
-        px = X(x)
-        out.append(f'<line x1="{px:.1f}" y1="{top}" x2="{px:.1f}" y2="{top + ph}" stroke="#f0f0f0"/>')
-        out.append(f'<text x="{px:.1f}" y="{top + ph + 18}" text-anchor="middle">{int(x)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
-    out.append(
-        f'<text x="{left + pw / 2}" y="{top + ph + 40}" text-anchor="middle">'
-        f"streams{' per server' if k > 1 else ''} (log scale)</text>"
-    )
-    out.append(
-        f'<text transform="translate(20,{top + ph / 2}) rotate(-90)" text-anchor="middle" fill="{blue}">'
-        "total tok/s (sustained)</text>"
-    )
-    out.append(
-        f'<text transform="translate({w - 16},{top + ph / 2}) rotate(90)" text-anchor="middle" '
-        f'fill="{orange}">per-stream tok/s</text>'
-    )
-    # fit prediction (dashed)
-    if fit and len(xs) >= 2:
-        pts = []
-        steps = 64
-        for i in range(steps + 1):
-            n = 2 ** (lx_min + (lx_max - lx_min) * i / steps)
-            p = predicted_total(fit, n, k)
-            if p is not None:
-                pts.append(f"{X(n):.1f},{YL(p):.1f}")
-        if pts:
-            out.append(
-                f'<polyline points="{" ".join(pts)}" fill="none" stroke="{grey}" stroke-dasharray="5,4"/>'
-            )
+def chart_svg(ladder: dict[str, Any]) -> str:
+    """Total and per-stream tok/s against streams (log2 x axis), the fit's prediction dashed; one SVG string.
 
-    if ceiling:
-        y = YL(ceiling)
-        out.append(
-            f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="{grey}" stroke-dasharray="1,3"/>'
-        )
+    Drawn with matplotlib's Figure API (no pyplot, no display; imported only here, so ``import orchestrator``
+    stays light). The text stays text in the SVG, and the same ladder gives the same SVG (fixed ids, no date).
+    Each series is a group whose id names it: total, per-stream, fit, ceiling, not-held."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
 
-    def series(values: list[tuple[float, float]], y, color: str) -> None:
-        if not values:
-            return
-        pts = " ".join(f"{X(x):.1f},{y(v):.1f}" for x, v in values)
-        out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
-        for x, v in values:
-            out.append(f'<circle cx="{X(x):.1f}" cy="{y(v):.1f}" r="3.5" fill="{color}"/>')
+    c = _ChartData.of(ladder)
+    fig = Figure(figsize=(7.6, 4.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    right = ax.twinx()
+    fig.suptitle(_text(c.title(ladder.get("model"))), fontsize=12)
+    _chart_axes(c, ax, right)
+    handles = _chart_series(c, ax, right)
+    # the legend in two columns under the plot, read row by row (matplotlib fills a column first)
+    fig.legend(handles=handles[0::2] + handles[1::2], loc="outside lower center", ncols=2, frameon=False,
+               fontsize=9, handlelength=3)
+    buf = io.StringIO()
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "ladder"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()
 
-    series([(float(lv["streams"]), lv["sustained_tok_s"]) for lv in levels], YL, blue)
-    series(
-        [(float(lv["streams"]), lv["per_stream_tok_s"]) for lv in levels if lv.get("per_stream_tok_s")],
-        YR,
-        orange,
-    )
-    for lv in levels:
-        if not lv.get("held", True):
-            px, py = X(float(lv["streams"])), YL(lv["sustained_tok_s"])
-            out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="7" fill="none" stroke="red" stroke-width="2"/>')
-    # legend: two rows under the x axis label, outside the plot
-    legend: list[tuple[str, str, str, str]] = [
-        ("line", blue, "", "total tok/s (left axis)"),
-        ("line", orange, "", "per-stream tok/s (right axis)"),
-    ]
-    if fit:
-        legend.append(("line", grey, "5,4", f"fit: step = {fit['a_ms']:.2f} + {fit['b_ms']:.4f} x N ms"))
-        if ceiling:
-            legend.append(("line", grey, "1,3", f"implied ceiling {ceiling:,.0f} tok/s"))
-    if any(not lv.get("held", True) for lv in levels):
-        legend.append(("ring", "red", "", "level not held (requests waiting)"))
-    col_w = pw / 2
-    for i, (kind, color, dash, label) in enumerate(legend):
-        x = left + col_w * (i % 2)
-        y = top + ph + 64 + 18 * (i // 2)
-        if kind == "ring":
-            out.append(f'<circle cx="{x + 11}" cy="{y}" r="6" fill="none" stroke="{color}" stroke-width="2"/>')
-        else:
-            d = f' stroke-dasharray="{dash}"' if dash else ""
-            out.append(f'<line x1="{x}" y1="{y}" x2="{x + 22}" y2="{y}" stroke="{color}" stroke-width="2"{d}/>')
-        out.append(f'<text x="{x + 28}" y="{y + 4}">{escape(label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+
+def _chart_axes(c: _ChartData, ax: Any, right: Any) -> None:
+    """The log2 streams axis (a tick at every level), total tok/s on the left, per-stream tok/s on the right,
+    both in fifths of their range."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(2 ** c.x_range[0], 2 ** c.x_range[1])
+    ticks = sorted(set(c.xs))
+    ax.set_xticks(ticks, [str(int(x)) for x in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(f"streams{' per server' if c.k > 1 else ''} (log scale)")
+    ax.set_ylim(0, c.tot_max)
+    ax.set_yticks([c.tot_max * i / 5 for i in range(6)], [f"{c.tot_max * i / 5:,.0f}" for i in range(6)])
+    ax.set_ylabel("total tok/s (sustained)", color=BLUE)
+    ax.tick_params(axis="y", labelcolor=BLUE)
+    right.set_ylim(0, c.per_max)
+    right.set_yticks([c.per_max * i / 5 for i in range(6)], [f"{c.per_max * i / 5:,.1f}" for i in range(6)])
+    right.set_ylabel("per-stream tok/s", color=ORANGE, rotation=270, labelpad=14)
+    right.tick_params(axis="y", labelcolor=ORANGE)
+    ax.grid(axis="y", color="#e5e5e5")
+    ax.grid(axis="x", color="#f0f0f0")
+    ax.set_axisbelow(True)
+    for a in (ax, right):
+        for spine in a.spines.values():
+            spine.set_color("#444444")
+
+
+def _chart_series(c: _ChartData, ax: Any, right: Any) -> list[Any]:
+    """Draw the series; returns the legend's entries, in the legend's order."""
+    handles: list[Any] = []
+    total = [(float(lv["streams"]), lv["sustained_tok_s"]) for lv in c.levels]
+    per = [(float(lv["streams"]), lv["per_stream_tok_s"]) for lv in c.levels if lv.get("per_stream_tok_s")]
+    for axis, values, color, gid, label in ((ax, total, BLUE, "total", "total tok/s (left axis)"),
+                                            (right, per, ORANGE, "per-stream", "per-stream tok/s (right axis)")):
+        (line,) = axis.plot([x for x, _ in values], [v for _, v in values], color=color, linewidth=2, marker="o",
+                            markersize=7, label=label, gid=gid, clip_on=False)
+        handles.append(line)
+    ns, ps = c.fit_curve()
+    if ns:
+        ax.plot(ns, ps, color=GREY, linewidth=1, linestyle=FIT_DASH, gid="fit")
+    if c.fit:
+        handles.append(_legend_line(GREY, FIT_DASH, f"fit: step = {c.fit['a_ms']:.2f} + {c.fit['b_ms']:.4f} x N ms"))
+    if c.ceiling:
+        ax.axhline(c.ceiling, color=GREY, linewidth=1, linestyle=CEILING_DASH, gid="ceiling")
+        if c.fit:
+            handles.append(_legend_line(GREY, CEILING_DASH, f"implied ceiling {c.ceiling:,.0f} tok/s"))
+    missed = [(float(lv["streams"]), lv["sustained_tok_s"]) for lv in c.levels if not lv.get("held", True)]
+    if missed:
+        (ring,) = ax.plot([x for x, _ in missed], [v for _, v in missed], linestyle="none", marker="o",
+                          markersize=14, markerfacecolor="none", markeredgecolor="red", markeredgewidth=2,
+                          label="level not held (requests waiting)", gid="not-held", clip_on=False)
+        handles.append(ring)
+    return handles
+
+
+def _legend_line(color: str, dash: Any, label: str) -> Any:
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color=color, linewidth=1.5, linestyle=dash, label=_text(label))
 
 
 def stdout_console() -> Console:

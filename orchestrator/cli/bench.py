@@ -114,9 +114,38 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         v = getattr(args, name, None)
         if v is not None:
             values[name] = v
+    urls = _backends(getattr(args, "backend", None), values)
+    max_tokens = values.get("max_tokens", 512)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+    api_key = getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+    out = values.get("out", "handbook-bench")
+    if not isinstance(out, str) or not out.strip():
+        raise ConfigError(f"out must be a directory path, got {out!r}")
+    model = values.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ConfigError(f"model must be a name, got {model!r}")
+    label = values.get("label")
+    return BenchSettings(
+        backends=urls,
+        streams=_parse_streams(values.get("streams", DEFAULT_STREAMS)),
+        window=_number(values, "window", 40.0, minimum=0, strict=True),
+        max_tokens=max_tokens,
+        out=out,
+        model=model,
+        api_key=api_key,
+        ramp=_number(values, "ramp", 1.0, minimum=0, strict=False),
+        interval=_number(values, "interval", 0.5, minimum=0, strict=True),
+        label=str(label) if label is not None else None,
+    )
+
+
+def _backends(flags: list[str] | None, values: dict[str, Any]) -> tuple[str, ...]:
+    """The servers: the --backend flags (each may list several), else the bench file's, else $HANDBOOK_BACKENDS;
+    normalised, each once."""
     backends: list[str] = []
-    if getattr(args, "backend", None):
-        for b in args.backend:
+    if flags:
+        for b in flags:
             backends += [x.strip() for x in b.split(",") if x.strip()]
     elif values.get("backends"):
         raw = values["backends"]
@@ -132,39 +161,16 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
             "no backend: pass --backend URL (an OpenAI-compatible base URL ending in /v1), "
             "set $HANDBOOK_BACKENDS, or start one with 'handbook sim'"
         )
-    urls = tuple(dict.fromkeys(normalise_url(b) for b in backends))
+    return tuple(dict.fromkeys(normalise_url(b) for b in backends))
 
-    def number(name: str, default: float, *, minimum: float, strict: bool) -> float:
-        v = values.get(name, default)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(f"{name} must be a number, got {v!r}")
-        if v < minimum or (strict and v == minimum):
-            raise ConfigError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
-        return float(v)
 
-    max_tokens = values.get("max_tokens", 512)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
-    api_key = getattr(args, "api_key", None) or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-    out = values.get("out", "handbook-bench")
-    if not isinstance(out, str) or not out.strip():
-        raise ConfigError(f"out must be a directory path, got {out!r}")
-    model = values.get("model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ConfigError(f"model must be a name, got {model!r}")
-    label = values.get("label")
-    return BenchSettings(
-        backends=urls,
-        streams=_parse_streams(values.get("streams", DEFAULT_STREAMS)),
-        window=number("window", 40.0, minimum=0, strict=True),
-        max_tokens=max_tokens,
-        out=out,
-        model=model,
-        api_key=api_key,
-        ramp=number("ramp", 1.0, minimum=0, strict=False),
-        interval=number("interval", 0.5, minimum=0, strict=True),
-        label=str(label) if label is not None else None,
-    )
+def _number(values: dict[str, Any], name: str, default: float, *, minimum: float, strict: bool) -> float:
+    v = values.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"{name} must be a number, got {v!r}")
+    if v < minimum or (strict and v == minimum):
+        raise ConfigError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
+    return float(v)
 
 
 def _parse_streams(value: Any) -> tuple[int, ...]:

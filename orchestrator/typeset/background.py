@@ -42,7 +42,7 @@ from .compose import Composer
 from .galley import Item, item_for_node, templates_digest
 from .html import parse_book, render_inline
 from .pdf import Prepared, front_job, galley_job, item_layouts, job_key
-from .pool import _Pool, default_workers
+from .pool import Pool, default_workers
 
 if TYPE_CHECKING:
     from ..book.assemble import SectionText
@@ -92,7 +92,7 @@ class BackgroundTypesetter:
         self.batch = batch
         self.events: queue.Queue[tuple[int, Any]] = queue.Queue()
         self.tmp = Path(tempfile.mkdtemp(prefix="handbook-background-"))
-        self.pool: _Pool | None = None
+        self.pool: Pool | None = None
         self.outline: Outline | None = None
         self.digest = b""
         self.title_html = ""
@@ -181,7 +181,7 @@ class BackgroundTypesetter:
 
         self.outline = outline
         if self.pool is None:
-            self.pool = _Pool(self.workers, nice=self.nice, events=self.events)
+            self.pool = Pool(self.workers, nice=self.nice, events=self.events)
         self.digest = templates_digest(self.template_dirs)
         root = parse_book(assemble(outline, {}).markdown)
         self.title_html = render_inline(root.title)

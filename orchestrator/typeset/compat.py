@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pypdf import PdfWriter
-    from pypdf.generic import IndirectObject, PdfObject
+    from pypdf.generic import IndirectObject, PdfObject, StreamObject
 
 __all__ = [
     "UNIT_HEAD",
@@ -29,6 +29,7 @@ __all__ = [
     "galley_units",
     "page_contents",
     "page_geometry",
+    "stored_stream_copy",
     "text_runs",
     "toc_lines",
 ]
@@ -44,6 +45,24 @@ def add_object(writer: PdfWriter, obj: PdfObject) -> IndirectObject:
     adds one: ``PdfWriter._add_object`` is what its own page, outline and metadata code uses.
     """
     return writer._add_object(obj)
+
+
+def stored_stream_copy(stream: StreamObject) -> StreamObject:
+    """A new stream with ``stream``'s bytes as they are stored (an encoded stream's stay encoded: never decoded
+    and compressed again), of the same kind (encoded or decoded), with its ``/Filter`` and ``/DecodeParms`` and no
+    other entries.
+
+    pypdf 7 has no public call for this: ``EncodedStreamObject.get_data`` decodes and its ``set_data`` encodes
+    again; ``StreamObject._data`` (the bytes as stored) is what pypdf's own ``clone`` and ``flate_encode`` copy.
+    """
+    from pypdf.generic import DecodedStreamObject, EncodedStreamObject, NameObject
+
+    copy: StreamObject = EncodedStreamObject() if isinstance(stream, EncodedStreamObject) else DecodedStreamObject()
+    copy._data = stream._data
+    for k in ("/Filter", "/DecodeParms"):
+        if k in stream:
+            copy[NameObject(k)] = stream[k]
+    return copy
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ numbers the pages, the contents and the bookmarks (typeset/merge.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pypdf import PageObject, PdfReader, PdfWriter
@@ -18,7 +19,6 @@ from pypdf.generic import (
     ArrayObject,
     DecodedStreamObject,
     DictionaryObject,
-    EncodedStreamObject,
     FloatObject,
     IndirectObject,
     NameObject,
@@ -26,13 +26,23 @@ from pypdf.generic import (
     StreamObject,
 )
 
-from .compat import add_object
+from .compat import add_object, stored_stream_copy
 from .galley import OutPage
 from .merge import PX_TO_PT, Destination
 
 __all__ = ["Composer"]
 
 ZLIB_LEVEL = 1  # a cut slice's stream: compressed in the reader's wait (level 6 takes ~3x the CPU for ~10% fewer bytes)
+
+
+@dataclass
+class _Drawing:
+    """One book page being drawn: its content stream's operations, its form XObjects (name -> reference), its
+    links."""
+
+    ops: list[str] = field(default_factory=list)
+    xobjects: dict[Any, Any] = field(default_factory=dict)
+    annots: list[IndirectObject] = field(default_factory=list)
 
 
 class Composer:
@@ -103,12 +113,7 @@ class Composer:
         if not drop:  # all of its text shows: the page as laid out, once (a running head serves a whole chapter)
             if (pdf, page) in self._forms:
                 return self._forms[(pdf, page)]
-            encoded: StreamObject = EncodedStreamObject() if isinstance(stream, EncodedStreamObject) else \
-                DecodedStreamObject()
-            encoded._data = stream._data
-            for k in ("/Filter", "/DecodeParms"):
-                if k in stream:
-                    encoded[NameObject(k)] = stream[k]
+            encoded = stored_stream_copy(stream)
         else:
             data = stream.get_data()
             pieces, pos = [], 0
@@ -138,46 +143,43 @@ class Composer:
         x0 = g["content_x"] * PX_TO_PT
         text_top = (g["height"] - g["content_y"]) * PX_TO_PT  # the text box's top edge, pt from the bottom
         for p in pages:
-            ops: list[str] = []
-            xobjects: dict[Any, Any] = {}
-            annots: list[IndirectObject] = []
+            d = _Drawing()
             if p.whole is not None:
                 ref, h_pt = self._form(*p.whole)
-                xobjects[NameObject("/G0")] = ref
-                ops.append("q /G0 Do Q")
-                self._annots(annots, p.whole, 0.0, h_pt, 0.0, 0.0)
+                d.xobjects[NameObject("/G0")] = ref
+                d.ops.append("q /G0 Do Q")
+                self._annots(d.annots, p.whole, 0.0, h_pt, 0.0, 0.0)
             for s in p.slices:
-                self._place(ops, xobjects, annots, s.pdf, s.page, s.top, s.bottom,
-                            text_top - s.dest_top * PX_TO_PT, x0)
+                self._place(d, s.pdf, s.page, s.top, s.bottom, text_top - s.dest_top * PX_TO_PT, x0)
             if p.head is not None and p.head in heads:
                 pdf, page, top, bottom = heads[p.head]
                 mid = (g["height"] - g["content_y"] / 2) * PX_TO_PT  # the middle of the top margin
-                self._place(ops, xobjects, annots, pdf, page, top, bottom, mid + (bottom - top) * PX_TO_PT / 2, x0)
+                self._place(d, pdf, page, top, bottom, mid + (bottom - top) * PX_TO_PT / 2, x0)
             out = self.writer.add_blank_page(width_pt, height_pt)
             content = DecodedStreamObject()
-            content.set_data("\n".join(ops).encode("ascii"))
+            content.set_data("\n".join(d.ops).encode("ascii"))
             out[NameObject("/Contents")] = add_object(self.writer, content)
-            out[NameObject("/Resources")] = DictionaryObject({NameObject("/XObject"): DictionaryObject(xobjects)})
-            if annots:
-                out[NameObject("/Annots")] = ArrayObject(annots)
+            out[NameObject("/Resources")] = DictionaryObject({NameObject("/XObject"): DictionaryObject(d.xobjects)})
+            if d.annots:
+                out[NameObject("/Annots")] = ArrayObject(d.annots)
         where: dict[str, Destination] = {}
         for name, (page, x, y) in dest.items():
             where[name] = (first + page, (g["content_x"] + x) * PX_TO_PT,
                            (g["height"] - g["content_y"] - y) * PX_TO_PT)
         return where
 
-    def _place(self, ops: list[str], xobjects: dict[Any, Any], annots: list[IndirectObject], pdf: str, page: int,
-               top: float, bottom: float, dest_top_pt: float, x: float) -> None:
-        """Draw lines ``top``..``bottom`` (px) of a galley page with their top at ``dest_top_pt`` (pt from the
-        page's bottom) and their left edge at ``x`` pt, clipped to them; their links come along."""
+    def _place(self, d: _Drawing, pdf: str, page: int, top: float, bottom: float, dest_top_pt: float,
+               x: float) -> None:
+        """Draw lines ``top``..``bottom`` (px) of a galley page onto ``d`` with their top at ``dest_top_pt`` (pt
+        from the page's bottom) and their left edge at ``x`` pt, clipped to them; their links come along."""
         ref, h_pt = self._form(pdf, page, top, bottom)
-        name = f"/G{len(xobjects)}"
-        xobjects[NameObject(name)] = ref
+        name = f"/G{len(d.xobjects)}"
+        d.xobjects[NameObject(name)] = ref
         h = (bottom - top) * PX_TO_PT
         ty = dest_top_pt - (h_pt - top * PX_TO_PT)
         width = self.g["width"] * PX_TO_PT
-        ops.append(f"q 0 {dest_top_pt - h:.3f} {width:.3f} {h:.3f} re W n 1 0 0 1 {x:.3f} {ty:.3f} cm {name} Do Q")
-        self._annots(annots, (pdf, page), h_pt - bottom * PX_TO_PT, h_pt - top * PX_TO_PT, x, ty)
+        d.ops.append(f"q 0 {dest_top_pt - h:.3f} {width:.3f} {h:.3f} re W n 1 0 0 1 {x:.3f} {ty:.3f} cm {name} Do Q")
+        self._annots(d.annots, (pdf, page), h_pt - bottom * PX_TO_PT, h_pt - top * PX_TO_PT, x, ty)
 
     def _annots(self, annots: list[IndirectObject], key: tuple[str, int], low: float, high: float, dx: float,
                 dy: float) -> None:

@@ -174,28 +174,11 @@ def paginate(items: list[tuple[Item, dict[str, Any]]], text_height: float, origi
         if item.kind == "page":
             flush()
             prev_trail = None
-            start = len(pages)
-            for g in lay["pages"]:
-                pages.append(OutPage((lay["out"], g), (), None))
-            for name, (g, x1, y1, _x2, _y2) in lay["anchors"].items():
-                whole_anchors.append((name, start + lay["pages"].index(g), x1, y1))
+            whole_anchors += _whole_pages(lay, pages)
             continue
-        own = lay["units"]
-        if not own:
+        if not lay["units"]:
             continue
-        gap = lay["lead"] if prev_trail is None else max(prev_trail, lay["lead"])
-        offset = units[-1].vbottom + gap if units else 0.0
-        prev: _Unit | None = None
-        for n, (g, top, bottom, flags) in enumerate(own):
-            if prev is None:
-                vtop = offset
-            elif g == prev.page:
-                vtop = prev.vtop + (top - prev.top)
-            else:  # the item goes on over a second galley page: its text continues without a gap
-                vtop = prev.vbottom
-            prev = _Unit(vtop, vtop + (bottom - top), flags, lay["out"], g, top, bottom, idx, n == len(own) - 1)
-            units.append(prev)
-        units[-1].trail = max(0.0, lay["trail"])
+        _append_units(units, idx, lay, prev_trail)
         prev_trail = lay["trail"]
         for name, (g, x1, y1, _x2, _y2) in lay["anchors"].items():
             anchors.append((name, idx, g, x1, y1))
@@ -207,12 +190,54 @@ def paginate(items: list[tuple[Item, dict[str, Any]]], text_height: float, origi
     return pages, dest
 
 
+def _whole_pages(lay: dict[str, Any], pages: list[OutPage]) -> list[tuple[str, int, float, float]]:
+    """Append a part's title page(s), as laid out; returns its anchors (id, book page, x, y)."""
+    start = len(pages)
+    for g in lay["pages"]:
+        pages.append(OutPage((lay["out"], g), (), None))
+    return [(name, start + lay["pages"].index(g), x1, y1) for name, (g, x1, y1, _x2, _y2) in lay["anchors"].items()]
+
+
+def _append_units(units: list[_Unit], idx: int, lay: dict[str, Any], prev_trail: float | None) -> None:
+    """Append item ``idx``'s units to the running text, after the collapsed margins between it and the last."""
+    own = lay["units"]
+    gap = lay["lead"] if prev_trail is None else max(prev_trail, lay["lead"])
+    offset = units[-1].vbottom + gap if units else 0.0
+    prev: _Unit | None = None
+    for n, (g, top, bottom, flags) in enumerate(own):
+        if prev is None:
+            vtop = offset
+        elif g == prev.page:
+            vtop = prev.vtop + (top - prev.top)
+        else:  # the item goes on over a second galley page: its text continues without a gap
+            vtop = prev.vbottom
+        prev = _Unit(vtop, vtop + (bottom - top), flags, lay["out"], g, top, bottom, idx, n == len(own) - 1)
+        units.append(prev)
+    units[-1].trail = max(0.0, lay["trail"])
+
+
 def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], chapters: set[str],
          text_height: float, pages: list[OutPage], dest: dict[str, tuple[int, float, float]]) -> None:
     """Greedy page breaks over one run of running text; appends its pages and its anchors' destinations."""
     first_page = len(pages)
-    on_page: list[int] = []  # the book page of each unit
+    on_page, dest_top, count = _breaks(units, text_height)
+    per_page = _slices(units, on_page, dest_top, count)
+    starts = _land_anchors(units, anchors, on_page, dest_top, first_page, dest)
+    # running heads: the chapter that starts on the page (the first, if several), else the one in force
+    current: str | None = None
+    for p in range(count):
+        here = [name for name in starts.get(p, []) if name in chapters]
+        head = min(here, key=lambda c: dest[c][2]) if here else current
+        if here:
+            current = max(here, key=lambda c: dest[c][2])
+        pages.append(OutPage(None, tuple(per_page[p]), head))
+
+
+def _breaks(units: list[_Unit], text_height: float) -> tuple[list[int], list[float], int]:
+    """The greedy page breaks: each unit's page (from 0), its top below the page's text box top, and the pages."""
+    on_page: list[int] = []  # the page of each unit
     dest_top: list[float] = []
+    count = 0
     i, n = 0, len(units)
     while i < n:
         y0 = units[i].vtop
@@ -227,13 +252,17 @@ def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], 
         elif best is None:  # nothing allows a break within the page: cut where it is full
             best = max(i, j - 1)
         for k in range(i, best + 1):
-            on_page.append(len(pages) - first_page)
+            on_page.append(count)
             dest_top.append(units[k].vtop - y0)
-        pages.append(OutPage(None, (), None))  # filled below
+        count += 1
         i = best + 1
-    # slices: consecutive units of one page from the same galley page are one slice
-    per_page: list[list[Slice]] = [[] for _ in range(len(pages) - first_page)]
-    k = 0
+    return on_page, dest_top, count
+
+
+def _slices(units: list[_Unit], on_page: list[int], dest_top: list[float], count: int) -> list[list[Slice]]:
+    """Each page's slices: consecutive units of one page from the same galley page are one slice."""
+    per_page: list[list[Slice]] = [[] for _ in range(count)]
+    k, n = 0, len(units)
     while k < n:
         p = on_page[k]
         start = k
@@ -244,7 +273,14 @@ def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], 
         bottom = u1.bottom + (u1.trail if u1.last_of_item else 0.0)
         per_page[p].append(Slice(u0.pdf, u0.page, u0.top, bottom, dest_top[start]))
         k += 1
-    # where each anchor lands: on the first unit that ends below it
+    return per_page
+
+
+def _land_anchors(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], on_page: list[int],
+                  dest_top: list[float], first_page: int, dest: dict[str, tuple[int, float, float]],
+                  ) -> dict[int, list[str]]:
+    """Where each anchor lands (into ``dest``): on the first unit that ends below it. Returns the anchors that
+    land on each page (from 0)."""
     by_item: dict[int, list[int]] = {}
     for k, u in enumerate(units):
         by_item.setdefault(u.item, []).append(k)
@@ -258,14 +294,7 @@ def _cut(units: list[_Unit], anchors: list[tuple[str, int, int, float, float]], 
         page = first_page + on_page[k]
         dest[name] = (page, x, max(0.0, dest_top[k] + (y - u.top)))
         starts.setdefault(on_page[k], []).append(name)
-    # running heads: the chapter that starts on the page (the first, if several), else the one in force
-    current: str | None = None
-    for p in range(len(per_page)):
-        here = [name for name in starts.get(p, []) if name in chapters]
-        head = min(here, key=lambda c: dest[c][2]) if here else current
-        if here:
-            current = max(here, key=lambda c: dest[c][2])
-        pages[first_page + p] = OutPage(None, tuple(per_page[p]), head)
+    return starts
 
 
 def _breakable(before: _Unit, after: _Unit) -> bool:

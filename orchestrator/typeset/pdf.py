@@ -34,7 +34,7 @@ from .compose import Composer
 from .galley import Item, batches, book_items, paginate, templates_digest
 from .html import Node, plain_text, render_inline, render_markdown, toc_entries
 from .merge import Merger
-from .pool import WORKER_COMMAND, TypesetError, _Pool, default_workers, worker_env
+from .pool import WORKER_COMMAND, Pool, TypesetError, default_workers, worker_env
 
 log = logging.getLogger("handbook")
 
@@ -107,7 +107,7 @@ class Prepared:
     layout), the documents still being laid out (background job index -> the keys in it), each finished
     document's (sent, done, cpu), and the composer that has read the galley documents done so far."""
 
-    pool: _Pool
+    pool: Pool
     done: dict[str, dict[str, Any]]
     running: dict[int, list[str]]
     documents: dict[int, tuple[float, float, float]] = field(default_factory=dict)
@@ -128,147 +128,209 @@ def render_pdf(
     ``prepared``, an item (or the front matter) already laid out (or being laid out) for exactly this content is
     taken, not redone."""
     t0 = time.perf_counter()
-    workers = workers or default_workers()
-    items = book_items(root, templates_digest(template_dirs))
-    tmp = Path(tempfile.mkdtemp(prefix="handbook-typeset-"))
-    title_html = render_inline(root.title)
-    front = front_job(root, template_dirs, tmp / "front.pdf")
-    front_key = job_key(front).hex()
-    composer = prepared.composer if prepared is not None and prepared.composer is not None else \
-        Composer(PdfWriter(), {})
-    merger = Merger(composer.writer)
-    lay: dict[str, dict[str, Any]] = {}  # item key (or front_key) -> its layout
-    docs: dict[int, tuple[float, float, float, bool]] = {}  # layout document -> sent, done, cpu, prepared
-    awaited: dict[int, list[str]] = {}  # a background document still being laid out -> the keys we need of it
-    wanted = {it.key for it in items} | {front_key}
-    jobs: dict[int, dict[str, Any]] = {}
+    run = _Layout(root, template_dirs, workers or default_workers(), want_fragments, prepared)
+    try:
+        run.lay_out()
+        pages_total = run.write(out_pdf)
+        t_written = time.monotonic()
+    finally:
+        run.pool.close(kill=True)  # only a worker still busy (a document nobody needs, or a failure) is killed
+        shutil.rmtree(run.tmp, ignore_errors=True)
+    return run.result(pages_total, time.perf_counter() - t0, t_written)
 
-    def take(key: str, layout: dict[str, Any]) -> None:
-        lay[key] = layout
-        if key == front_key:
-            merger.add(0, layout["out"])
+
+class _Layout:
+    """One :func:`render_pdf` run: the layout documents still to send, the layouts taken so far, and the pool's
+    messages handled as they arrive; then the body paginated, composed and merged into the book."""
+
+    def __init__(self, root: Node, template_dirs: list[str], workers: int, want_fragments: bool,
+                 prepared: Prepared | None) -> None:
+        self.root, self.template_dirs, self.workers = root, template_dirs, workers
+        self.want_fragments = want_fragments
+        self.items = book_items(root, templates_digest(template_dirs))
+        self.tmp = Path(tempfile.mkdtemp(prefix="handbook-typeset-"))
+        self.title_html = render_inline(root.title)
+        self.front = front_job(root, template_dirs, self.tmp / "front.pdf")
+        self.front_key = job_key(self.front).hex()
+        self.composer = prepared.composer if prepared is not None and prepared.composer is not None else \
+            Composer(PdfWriter(), {})
+        self.merger = Merger(self.composer.writer)
+        self.lay: dict[str, dict[str, Any]] = {}  # item key (or front_key) -> its layout
+        self.docs: dict[int, tuple[float, float, float, bool]] = {}  # layout document -> sent, done, cpu, prepared
+        self.awaited: dict[int, list[str]] = {}  # a background document still being laid out -> the keys we need
+        self.wanted = {it.key for it in self.items} | {self.front_key}
+        self.jobs: dict[int, dict[str, Any]] = {}
+        if prepared is None:
+            self.pool = Pool(min(workers, 1 + len(self.items)))
         else:
-            composer.read(layout["out"], layout["pages"])  # while the workers lay out the rest
+            self.pool = prepared.pool
+            self._adopt(prepared)
+        covered = set(self.lay) | {k for keys in self.awaited.values() for k in keys}
+        self.pending: list[dict[str, Any]] = [] if self.front_key in covered else [self.front]
+        todo = list({it.key: it for it in self.items if it.key not in covered}.values())
+        for n, batch in enumerate(batches(todo, workers), start=1):
+            self.pending.append(self._galley(batch, n))
+        self.jobs.update({j["index"]: j for j in self.pending})
+        if prepared is not None:
+            self._staff()
+        self.next_index = len(self.pending) + 1
 
-    if prepared is None:
-        pool = _Pool(min(workers, 1 + len(items)))
-    else:
-        pool = prepared.pool
-        for key in wanted:
+    # -- the layout documents
+
+    def _galley(self, batch: list[Item], index: int) -> dict[str, Any]:
+        return galley_job(self.title_html, self.template_dirs, batch, index, self.tmp / f"galley{index:04d}.pdf",
+                          self.want_fragments)
+
+    def take(self, key: str, layout: dict[str, Any]) -> None:
+        self.lay[key] = layout
+        if key == self.front_key:
+            self.merger.add(0, layout["out"])
+        else:
+            self.composer.read(layout["out"], layout["pages"])  # while the workers lay out the rest
+
+    def _adopt(self, prepared: Prepared) -> None:
+        """Take what typesetting while writing laid out for exactly this content, and await what it still lays
+        out that we need."""
+        for key in self.wanted:
             if key in prepared.done:
-                take(key, prepared.done[key])
+                self.take(key, prepared.done[key])
         for idx, keys in prepared.running.items():
-            ours = [k for k in keys if k in wanted and k not in lay]
+            ours = [k for k in keys if k in self.wanted and k not in self.lay]
             if ours:
-                awaited[idx] = ours
+                self.awaited[idx] = ours
         for idx, (sent, done, cpu) in prepared.documents.items():
-            docs[idx] = (sent, done, cpu, True)
-    covered = set(lay) | {k for keys in awaited.values() for k in keys}
-    pending: list[dict[str, Any]] = [] if front_key in covered else [front]
-    todo = list({it.key: it for it in items if it.key not in covered}.values())
-    for n, batch in enumerate(batches(todo, workers), start=1):
-        pending.append(galley_job(title_html, template_dirs, batch, n, tmp / f"galley{n:04d}.pdf", want_fragments))
-    jobs.update({j["index"]: j for j in pending})
-    if prepared is not None:
-        for w in pool.workers:  # a worker that died while writing, or lays out what nobody needs now: replaced
-            if w.proc.poll() is not None or (w.job is not None and w.job not in awaited):
-                pool.retire(w)
-        short = min(workers, len(pending) + len(awaited)) - len(pool.current())
-        if short > 0:
-            pool.add(short)  # at full priority: the writing is over
-    next_index = len(pending) + 1
+            self.docs[idx] = (sent, done, cpu, True)
 
-    def requeue(keys: list[str]) -> None:
-        nonlocal next_index
-        by_key = {it.key: it for it in items}
-        if front_key in keys:
-            pending.append(front)
-            jobs[0] = front
+    def _staff(self) -> None:
+        """The background's pool, made this run's: a worker that died while writing, or lays out what nobody
+        needs now, is replaced; workers are added (at full priority: the writing is over) up to what is left."""
+        for w in self.pool.workers:
+            if w.proc.poll() is not None or (w.job is not None and w.job not in self.awaited):
+                self.pool.retire(w)
+        short = min(self.workers, len(self.pending) + len(self.awaited)) - len(self.pool.current())
+        if short > 0:
+            self.pool.add(short)
+
+    def requeue(self, keys: list[str]) -> None:
+        """Lay out again here what a background document failed to (a second failure is the book's)."""
+        by_key = {it.key: it for it in self.items}
+        if self.front_key in keys:
+            self.pending.append(self.front)
+            self.jobs[0] = self.front
         rest = [by_key[k] for k in keys if k in by_key]
         if rest:
-            j = galley_job(title_html, template_dirs, rest, next_index, tmp / f"galley{next_index:04d}.pdf",
-                           want_fragments)
-            pending.append(j)
-            jobs[next_index] = j
-            next_index += 1
+            j = self._galley(rest, self.next_index)
+            self.pending.append(j)
+            self.jobs[self.next_index] = j
+            self.next_index += 1
 
-    try:
-        while pending or awaited or any(w.job in jobs for w in pool.workers):
-            for w in pool.idle():
-                if pending:
-                    pool.send(w, pending.pop(0))
-            if pending and not pool.current():
+    # -- the message loop
+
+    def _feed(self) -> None:
+        for w in self.pool.idle():
+            if self.pending:
+                self.pool.send(w, self.pending.pop(0))
+
+    def lay_out(self) -> None:
+        """Send the documents and take their layouts until every piece of the book is laid out."""
+        while self.pending or self.awaited or any(w.job in self.jobs for w in self.pool.workers):
+            self._feed()
+            if self.pending and not self.pool.current():
                 raise TypesetError("every layout worker exited before the book was laid out")
-            for kind, idx, payload in pool.messages():
-                mine: list[str] | None = awaited.pop(idx) if idx in awaited else None
-                if mine is None and idx not in jobs:  # laid out while writing for content that changed since
-                    continue
-                if kind == "error":
-                    if mine is not None:  # laid out again here, and a second failure is the book's
-                        requeue(mine)
-                        continue
-                    raise TypesetError(f"typesetting {'the front matter' if idx == 0 else f'batch {idx}'} failed: "
-                                       f"{payload.strip().splitlines()[0]}")
-                if kind != "done":
-                    continue
-                docs[idx] = (payload.get("t_sent", 0.0), payload.get("t_done", 0.0), payload["seconds"]["cpu"],
-                             mine is not None)
-                for w in pool.idle():  # keep the workers busy first, then read the finished document
-                    if pending:
-                        pool.send(w, pending.pop(0))
-                if payload["kind"] == "front":
-                    take(front_key, {**payload, "job": idx})
-                else:
-                    for key, layout in item_layouts(idx, payload).items():
-                        if key in wanted:
-                            take(key, layout)
-        missing_items = [it for it in items if it.key not in lay]
-        if missing_items or front_key not in lay:
+            for kind, idx, payload in self.pool.messages():
+                self.on_message(kind, idx, payload)
+        missing_items = [it for it in self.items if it.key not in self.lay]
+        if missing_items or self.front_key not in self.lay:
             raise TypesetError(f"{len(missing_items)} pieces of the book were never laid out")
-        geometry = next((lay[it.key]["geometry"] for it in items), lay[front_key].get("geometry"))
+
+    def on_message(self, kind: str, idx: int, payload: Any) -> None:
+        mine: list[str] | None = self.awaited.pop(idx) if idx in self.awaited else None
+        if mine is None and idx not in self.jobs:  # laid out while writing for content that changed since
+            return
+        if kind == "error":
+            if mine is not None:  # laid out again here, and a second failure is the book's
+                self.requeue(mine)
+                return
+            raise TypesetError(f"typesetting {'the front matter' if idx == 0 else f'batch {idx}'} failed: "
+                               f"{payload.strip().splitlines()[0]}")
+        if kind != "done":
+            return
+        self.docs[idx] = (payload.get("t_sent", 0.0), payload.get("t_done", 0.0), payload["seconds"]["cpu"],
+                          mine is not None)
+        self._feed()  # keep the workers busy first, then read the finished document
+        if payload["kind"] == "front":
+            self.take(self.front_key, {**payload, "job": idx})
+        else:
+            for key, layout in item_layouts(idx, payload).items():
+                if key in self.wanted:
+                    self.take(key, layout)
+
+    # -- the book
+
+    def _geometry(self) -> dict[str, Any]:
+        lay = self.lay
+        geometry = next((lay[it.key]["geometry"] for it in self.items), lay[self.front_key].get("geometry"))
         if geometry is None:  # a book with no body: the front matter's pages are the book's
-            geometry = {"width": lay[front_key]["size_px"][0], "height": lay[front_key]["size_px"][1],
+            geometry = {"width": lay[self.front_key]["size_px"][0], "height": lay[self.front_key]["size_px"][1],
                         "content_x": 0.0, "content_y": 0.0, "content_w": 0.0, "content_h": 0.0}
+        return geometry
+
+    def write(self, out_pdf: Path) -> int:
+        """Paginate the body, compose its pages, merge them after the front matter into ``out_pdf``; its pages."""
+        lay, composer = self.lay, self.composer
+        geometry = self._geometry()
         composer.g = geometry
-        composer.runs = {(lay[it.key]["out"], g): r for it in items for g, r in lay[it.key].get("runs", {}).items()}
-        seq = [(it, lay[it.key]) for it in items]
+        composer.runs = {(lay[it.key]["out"], g): r
+                         for it in self.items for g, r in lay[it.key].get("runs", {}).items()}
+        seq = [(it, lay[it.key]) for it in self.items]
         pages, where = paginate(seq, geometry["content_h"], (geometry["content_x"], geometry["content_y"]))
-        tall = [it.id or it.kind for it, layout in seq if it.kind == "flow"
-                and any(u[2] - u[1] > geometry["content_h"] + 0.5 for u in layout["units"])]
-        if tall:  # a single line (not a table row: those are cut between their cells' lines) taller than a page
-            log.warning("%d pieces of the book hold a line taller than a page, cut off at the page's edge (first: "
-                        "%s)", len(tall), tall[0])
+        _warn_tall(seq, geometry["content_h"])
         # WeasyPrint has been seen to stop silently mid-flow on very long documents: every heading must have landed.
-        missing = [n.id for n in root.walk() if n.level > 1 and n.id not in where]
+        missing = [n.id for n in self.root.walk() if n.level > 1 and n.id not in where]
         if missing:
             raise TypesetError(f"{len(missing)} headings are missing from the laid-out PDF (first: {missing[0]})")
-        heads = {}
-        for it, layout in seq:
-            if it.kind == "head" and layout["units"]:
-                u0, u1 = layout["units"][0], layout["units"][-1]
-                heads[it.id] = (layout["out"], u0[0], u0[1], u1[2])
-        front_pages = merger.pages
+        heads = _heads(seq)
+        front_pages = self.merger.pages
         dest = composer.add_pages(pages, heads, where, front_pages)
-        pages_total = merger.finish(lay[front_key], dest, out_pdf, root, plain_text(title_html))
+        pages_total = self.merger.finish(lay[self.front_key], dest, out_pdf, self.root, plain_text(self.title_html))
         if pages_total != front_pages + len(pages):
             raise TypesetError(f"the merged PDF has {pages_total} pages where the layout made "
                                f"{front_pages + len(pages)}")
-        t_written = time.monotonic()
-    finally:
-        pool.close(kill=True)  # only a worker still busy (a document nobody needs, or a failure) is killed
-        shutil.rmtree(tmp, ignore_errors=True)
-    used = {lay[front_key]["job"]} | {lay[it.key]["job"] for it in items}
-    fragments: dict[str, tuple[str, str]] = {}
-    for it in items:
-        fragments.update(lay[it.key].get("fragments") or {})
-    return PdfRun(
-        pages=pages_total,
-        chunks=len(used),
-        seconds=time.perf_counter() - t0,
-        worker_peak_rss_mb=list(pool.peak_rss.values()),
-        chunk_seconds=[{"index": i, "cpu": docs[i][2]} for i in sorted(used) if i in docs],
-        layout=[docs[i] for i in sorted(used) if i in docs],
-        fragments=fragments,
-        refused=list(dict.fromkeys(u for layout in lay.values() for u in layout.get("refused", ()))),
-        t_written=t_written,
-    )
+        return pages_total
+
+    def result(self, pages_total: int, seconds: float, t_written: float) -> PdfRun:
+        lay, docs = self.lay, self.docs
+        used = {lay[self.front_key]["job"]} | {lay[it.key]["job"] for it in self.items}
+        fragments: dict[str, tuple[str, str]] = {}
+        for it in self.items:
+            fragments.update(lay[it.key].get("fragments") or {})
+        return PdfRun(
+            pages=pages_total,
+            chunks=len(used),
+            seconds=seconds,
+            worker_peak_rss_mb=list(self.pool.peak_rss.values()),
+            chunk_seconds=[{"index": i, "cpu": docs[i][2]} for i in sorted(used) if i in docs],
+            layout=[docs[i] for i in sorted(used) if i in docs],
+            fragments=fragments,
+            refused=list(dict.fromkeys(u for layout in lay.values() for u in layout.get("refused", ()))),
+            t_written=t_written,
+        )
+
+
+def _warn_tall(seq: list[tuple[Item, dict[str, Any]]], content_h: float) -> None:
+    tall = [it.id or it.kind for it, layout in seq if it.kind == "flow"
+            and any(u[2] - u[1] > content_h + 0.5 for u in layout["units"])]
+    if tall:  # a single line (not a table row: those are cut between their cells' lines) taller than a page
+        log.warning("%d pieces of the book hold a line taller than a page, cut off at the page's edge (first: "
+                    "%s)", len(tall), tall[0])
+
+
+def _heads(seq: list[tuple[Item, dict[str, Any]]]) -> dict[str, tuple[str, int, float, float]]:
+    """Each chapter's running head (its "head" item) as a galley slice, by the chapter's id: (pdf, galley page of
+    its first line, its first line's top, its last line's bottom)."""
+    heads = {}
+    for it, layout in seq:
+        if it.kind == "head" and layout["units"]:
+            u0, u1 = layout["units"][0], layout["units"][-1]
+            heads[it.id] = (layout["out"], u0[0], u0[1], u1[2])
+    return heads

@@ -20,7 +20,7 @@ from typing import Any
 from ..core.errors import HandbookError
 from .ipc import NICE_ENV, frame, read_frame
 
-__all__ = ["WORKER_COMMAND", "WORKER_SILENCE_S", "TypesetError", "default_workers", "worker_env"]
+__all__ = ["WORKER_COMMAND", "WORKER_SILENCE_S", "Pool", "TypesetError", "Worker", "default_workers", "worker_env"]
 
 WORKER_SILENCE_S = 900  # a chunk of the reference book takes ~6 s: this only catches a hung worker
 
@@ -57,7 +57,7 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-class _Worker:
+class Worker:
     """A layout process: imports WeasyPrint once, then runs the jobs it is sent, one at a time.
 
     A plain subprocess rather than multiprocessing: nothing re-imports the caller's ``__main__`` (a script without
@@ -113,14 +113,14 @@ class _Worker:
             self.proc.wait(5)
 
 
-class _Pool:
+class Pool:
     """The layout workers and the one queue their messages arrive on. ``nice`` > 0: the workers lower their own
     priority first (typesetting while the job is still writing must never take a core from the client). Whoever
     owns the pool may put its own messages on ``events`` with a negative worker id (typeset/background.py)."""
 
     def __init__(self, n: int, nice: int = 0, events: queue.Queue[tuple[int, Any]] | None = None):
         self.events: queue.Queue[tuple[int, Any]] = events if events is not None else queue.Queue()
-        self.workers: list[_Worker] = []
+        self.workers: list[Worker] = []
         self.peak_rss: dict[int, float] = {}
         self.sent: dict[int, float] = {}  # job index -> when it was sent (time.monotonic())
         self.add(n, nice)
@@ -131,16 +131,16 @@ class _Pool:
         env.pop(NICE_ENV, None)  # never inherited: only the background asks for it
         if nice > 0:
             env[NICE_ENV] = str(nice)
-        self.workers += [_Worker(len(self.workers) + i, self.events, env) for i in range(n)]
+        self.workers += [Worker(len(self.workers) + i, self.events, env) for i in range(n)]
 
-    def current(self) -> list[_Worker]:
+    def current(self) -> list[Worker]:
         """The workers not retired and still running."""
         return [w for w in self.workers if not w.retired and w.proc.poll() is None]
 
-    def idle(self) -> list[_Worker]:
+    def idle(self) -> list[Worker]:
         return [w for w in self.current() if w.job is None]
 
-    def retire(self, w: _Worker) -> None:
+    def retire(self, w: Worker) -> None:
         """Take ``w`` out of service, killing it if it runs: its job (if any) comes back as an "error" message."""
         w.retired = True
         if w.proc.poll() is None:
@@ -162,7 +162,7 @@ class _Pool:
                 break
         return [m for wid, msg in items for m in self.handle(wid, msg)]
 
-    def send(self, w: _Worker, job: dict[str, Any]) -> None:
+    def send(self, w: Worker, job: dict[str, Any]) -> None:
         self.sent[job["index"]] = time.monotonic()
         w.send(job)
 
