@@ -79,44 +79,9 @@ def _rate(name: str, v: float) -> float:
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, int, int, int]:
     """Validate the flags; returns (config, cards, first port, processes). Raises ConfigError."""
     cards = args.cards
-    if cards < 1 or cards > 256:
-        raise ConfigError(f"--cards must be between 1 and 256, got {cards}")
-    if not 1 <= args.port <= 65535 - cards + 1:
-        raise ConfigError(f"--port must leave room for {cards} ports below 65536, got {args.port}")
-    positive = {"step-ms": args.step_ms, "per-stream-ms": args.per_stream_ms, "time-scale": args.time_scale,
-                "prefill-ms-per-token": args.prefill_ms_per_token}
-    for name, v in positive.items():
-        if not 0 <= v < float("inf"):  # also rejects NaN
-            raise ConfigError(f"--{name} must be a non-negative number, got {v}")
-    if args.time_scale <= 0:
-        raise ConfigError(f"--time-scale must be positive, got {args.time_scale}")
-    for name, v in {"max-seqs": args.max_seqs, "kv-tokens": args.kv_tokens,
-                    "stream-interval": args.stream_interval, "max-model-len": args.max_model_len}.items():
-        if v < 1:
-            raise ConfigError(f"--{name} must be a positive integer, got {v}")
-    rates = [_rate("fail-rate", args.fail_rate), _rate("rate-limit-rate", args.rate_limit_rate),
-             _rate("empty-rate", args.empty_rate), _rate("drop-rate", args.drop_rate),
-             _rate("hang-rate", args.hang_rate)]
-    if sum(rates) > 1.0 + 1e-9:
-        raise ConfigError(f"the fault rates add up to {sum(rates):g}, more than 1")
-    if args.retry_after < 0:
-        raise ConfigError(f"--retry-after must be non-negative, got {args.retry_after}")
-    if args.down_after is not None and args.down_after < 0:
-        raise ConfigError(f"--down-after must be non-negative, got {args.down_after}")
-    if args.down_for is not None:
-        if args.down_for < 0:
-            raise ConfigError(f"--down-for must be non-negative, got {args.down_for}")
-        if args.down_after is None:
-            raise ConfigError("--down-for needs --down-after")
-    down_cards = None
-    if args.down_cards is not None:
-        try:
-            down_cards = tuple(sorted({int(x) for x in str(args.down_cards).split(",") if x.strip()}))
-        except ValueError:
-            raise ConfigError(f"--down-cards must be comma-separated card indexes, got {args.down_cards!r}") from None
-        bad = [i for i in down_cards if not 0 <= i < cards]
-        if bad:
-            raise ConfigError(f"--down-cards names cards {bad} but there are only cards 0..{cards - 1}")
+    _check_sizes(args, cards)
+    _check_faults(args)
+    down_cards = _down_cards(args.down_cards, cards)
     procs = args.procs if args.procs is not None else min(cards, os.cpu_count() or 1)
     if procs < 1:
         raise ConfigError(f"--procs must be a positive integer, got {procs}")
@@ -132,6 +97,57 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, int, int, int]:
                     hang_rate=args.hang_rate, retry_after=args.retry_after, down_after=args.down_after,
                     down_for=args.down_for, down_cards=down_cards, fault_seed=args.fault_seed, seed=args.seed)
     return cfg, cards, args.port, procs
+
+
+def _check_sizes(args: argparse.Namespace, cards: int) -> None:
+    """The cards, their ports and the engine model's numbers."""
+    if cards < 1 or cards > 256:
+        raise ConfigError(f"--cards must be between 1 and 256, got {cards}")
+    if not 1 <= args.port <= 65535 - cards + 1:
+        raise ConfigError(f"--port must leave room for {cards} ports below 65536, got {args.port}")
+    positive = {"step-ms": args.step_ms, "per-stream-ms": args.per_stream_ms, "time-scale": args.time_scale,
+                "prefill-ms-per-token": args.prefill_ms_per_token}
+    for name, v in positive.items():
+        if not 0 <= v < float("inf"):  # also rejects NaN
+            raise ConfigError(f"--{name} must be a non-negative number, got {v}")
+    if args.time_scale <= 0:
+        raise ConfigError(f"--time-scale must be positive, got {args.time_scale}")
+    for name, v in {"max-seqs": args.max_seqs, "kv-tokens": args.kv_tokens,
+                    "stream-interval": args.stream_interval, "max-model-len": args.max_model_len}.items():
+        if v < 1:
+            raise ConfigError(f"--{name} must be a positive integer, got {v}")
+
+
+def _check_faults(args: argparse.Namespace) -> None:
+    """The fault rates (each a share, together at most 1), Retry-After and the down timer."""
+    rates = [_rate("fail-rate", args.fail_rate), _rate("rate-limit-rate", args.rate_limit_rate),
+             _rate("empty-rate", args.empty_rate), _rate("drop-rate", args.drop_rate),
+             _rate("hang-rate", args.hang_rate)]
+    if sum(rates) > 1.0 + 1e-9:
+        raise ConfigError(f"the fault rates add up to {sum(rates):g}, more than 1")
+    if args.retry_after < 0:
+        raise ConfigError(f"--retry-after must be non-negative, got {args.retry_after}")
+    if args.down_after is not None and args.down_after < 0:
+        raise ConfigError(f"--down-after must be non-negative, got {args.down_after}")
+    if args.down_for is not None:
+        if args.down_for < 0:
+            raise ConfigError(f"--down-for must be non-negative, got {args.down_for}")
+        if args.down_after is None:
+            raise ConfigError("--down-for needs --down-after")
+
+
+def _down_cards(value: str | None, cards: int) -> tuple[int, ...] | None:
+    """--down-cards as card indexes (None: every card)."""
+    if value is None:
+        return None
+    try:
+        down_cards = tuple(sorted({int(x) for x in str(value).split(",") if x.strip()}))
+    except ValueError:
+        raise ConfigError(f"--down-cards must be comma-separated card indexes, got {value!r}") from None
+    bad = [i for i in down_cards if not 0 <= i < cards]
+    if bad:
+        raise ConfigError(f"--down-cards names cards {bad} but there are only cards 0..{cards - 1}")
+    return down_cards
 
 
 async def _serve(cfg: SimConfig, indexes: list[int], first_port: int, ready, stop_fd: int | None = None) -> None:
@@ -204,6 +220,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_multi(cfg: SimConfig, cards: int, port: int, procs: int) -> int:
+    workers, conns, stop_w = _start_processes(cfg, cards, port, procs)
+    stopping = {"flag": False}
+
+    def _on_signal(signum, frame):
+        stopping["flag"] = True
+
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ready = _await_ready(dict(zip(conns, workers)), stopping)
+        if stopping["flag"]:
+            return 0
+        _print_ready(ready, cfg, procs)
+        return _watch(workers, stopping)
+    finally:
+        _stop_processes(workers)
+        os.close(stop_w)
+        for s, h in old.items():
+            signal.signal(s, h)
+        print("sim stopped", flush=True)
+
+
+def _start_processes(cfg: SimConfig, cards: int, port: int, procs: int) -> tuple[list, list, int]:
+    """Fork one process per group of cards; returns them, the connections they report on, and the write end of
+    the pipe whose EOF tells them the parent went away."""
     ctx = multiprocessing.get_context("fork")
     groups = [list(range(cards))[k::procs] for k in range(procs)]
     stop_r, stop_w = os.pipe()  # the parent holds the write end; children see EOF when it goes away
@@ -217,56 +257,52 @@ def _run_multi(cfg: SimConfig, cards: int, port: int, procs: int) -> int:
         workers.append(p)
         conns.append(parent_conn)
     os.close(stop_r)
+    return workers, conns, stop_w
 
-    stopping = {"flag": False}
 
-    def _on_signal(signum, frame):
-        stopping["flag"] = True
+def _await_ready(pending: dict, stopping: dict[str, bool]) -> list[tuple[int, str]]:
+    """Every process's cards (index, URL), once all have started (or a signal came). Raises ConfigError."""
+    ready: list[tuple[int, str]] = []
+    deadline = time.monotonic() + 60
+    while pending and not stopping["flag"]:
+        if time.monotonic() > deadline:
+            raise ConfigError("simulated cards did not start within 60 s")
+        answered = multiprocessing.connection.wait(list(pending), timeout=0.2)
+        for conn in [c for c in pending if c in answered]:
+            try:
+                kind, payload = conn.recv()
+            except EOFError:
+                raise ConfigError("a simulator process exited during start") from None
+            if kind == "error":
+                raise ConfigError(payload)
+            ready.extend(payload)
+            del pending[conn]
+    return ready
 
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        ready: list[tuple[int, str]] = []
-        pending = dict(zip(conns, workers))
-        deadline = time.monotonic() + 60
-        while pending and not stopping["flag"]:
-            if time.monotonic() > deadline:
-                raise ConfigError("simulated cards did not start within 60 s")
-            answered = multiprocessing.connection.wait(list(pending), timeout=0.2)
-            for conn in [c for c in pending if c in answered]:
-                try:
-                    kind, payload = conn.recv()
-                except EOFError:
-                    raise ConfigError("a simulator process exited during start") from None
-                if kind == "error":
-                    raise ConfigError(payload)
-                ready.extend(payload)
-                del pending[conn]
-        if stopping["flag"]:
-            return 0
-        _print_ready(ready, cfg, procs)
-        sentinels = [p.sentinel for p in workers]
-        while not stopping["flag"]:
-            done = multiprocessing.connection.wait(sentinels, timeout=0.5)
-            if done:
-                time.sleep(0.2)  # a signal to the whole process group reaches the children first
-                if stopping["flag"]:
-                    break
-                dead = [p for p in workers if not p.is_alive()]
-                print(f"sim: error: simulator process {dead[0].pid} exited with code {dead[0].exitcode}",
-                      file=sys.stderr, flush=True)
-                return 1
-        return 0
-    finally:
-        for p in workers:
-            if p.is_alive():
-                p.terminate()
-        t_end = time.monotonic() + 5
-        for p in workers:
-            p.join(max(0.0, t_end - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join(1)
-        os.close(stop_w)
-        for s, h in old.items():
-            signal.signal(s, h)
-        print("sim stopped", flush=True)
+
+def _watch(workers: list, stopping: dict[str, bool]) -> int:
+    """Wait for a signal (0), or for a process to exit on its own (1)."""
+    sentinels = [p.sentinel for p in workers]
+    while not stopping["flag"]:
+        done = multiprocessing.connection.wait(sentinels, timeout=0.5)
+        if done:
+            time.sleep(0.2)  # a signal to the whole process group reaches the children first
+            if stopping["flag"]:
+                break
+            dead = [p for p in workers if not p.is_alive()]
+            print(f"sim: error: simulator process {dead[0].pid} exited with code {dead[0].exitcode}",
+                  file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def _stop_processes(workers: list) -> None:
+    for p in workers:
+        if p.is_alive():
+            p.terminate()
+    t_end = time.monotonic() + 5
+    for p in workers:
+        p.join(max(0.0, t_end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1)

@@ -5,8 +5,9 @@
   built by :mod:`~orchestrator.sim.titles` and :mod:`~orchestrator.sim.prose` from the word banks of
   :mod:`~orchestrator.sim.words` (``words.toml``) about the :mod:`~orchestrator.sim.context` of the prompt;
   :mod:`~orchestrator.sim.calibrate` measures a whole simulated book;
-* :mod:`orchestrator.sim.server` - the aiohttp app of one card, with :mod:`~orchestrator.sim.faults` (fault
-  injection) and :mod:`~orchestrator.sim.metrics` (``/metrics``);
+* :mod:`orchestrator.sim.server` - the aiohttp app of one card, with :mod:`~orchestrator.sim.chat` (the chat
+  request's checks and errors), :mod:`~orchestrator.sim.faults` (fault injection) and
+  :mod:`~orchestrator.sim.metrics` (``/metrics``);
 * :mod:`orchestrator.cli.sim` - ``handbook sim``;
 * :mod:`orchestrator.sim.launch` - :class:`SimFleet`, for tests and benchmarks.
 """

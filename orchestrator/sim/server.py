@@ -18,9 +18,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from . import text as simtext
+from .chat import Ask, Reply, error, read_ask
 from .engine import Engine, EngineConfig, Stream
 from .faults import Faults
 from .metrics import CardMetrics
@@ -50,12 +51,6 @@ class SimConfig:
 
     def fault_rates(self) -> tuple[float, ...]:
         return (self.fail_rate, self.rate_limit_rate, self.empty_rate, self.drop_rate, self.hang_rate)
-
-
-def _err(status: int, message: str, etype: str, headers: dict | None = None) -> web.Response:
-    body = orjson.dumps({"error": {"message": message, "type": etype, "param": None, "code": status},
-                         "object": "error", "message": message, "type": etype, "code": status})
-    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 
 def _noop(_s: Stream) -> None:
@@ -217,77 +212,61 @@ class Card:
             self._active.pop(id(request), None)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        cfg = self.cfg
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
-            return _err(400, "request body is not valid JSON", "BadRequestError")
-        if not isinstance(body, dict):
-            return _err(400, "request body must be a JSON object", "BadRequestError")
-        model = body.get("model")
-        if model is not None and model != cfg.model:
-            return _err(404, f"The model `{model}` does not exist.", "NotFoundError")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return _err(400, "messages must be a non-empty list", "BadRequestError")
-        rf = body.get("response_format")
-        if rf is not None and not isinstance(rf, dict):
-            return _err(400, "response_format must be an object", "BadRequestError")
-        if not cfg.json_schema and isinstance(rf, dict) and rf.get("type") == "json_schema":
-            return _err(400, "response_format json_schema is not supported by this server", "BadRequestError")
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or max_tokens < 1):
-            return _err(400, "max_tokens must be a positive integer", "BadRequestError")
-        prompt_tokens = simtext.count_prompt_tokens(messages)
-        if max_tokens is None:
-            max_tokens = max(1, cfg.max_model_len - prompt_tokens)
-        elif prompt_tokens + max_tokens > cfg.max_model_len:
-            return _err(400, f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
-                             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-                             f"{max_tokens} in the completion).", "BadRequestError")
-        stream = bool(body.get("stream", False))
-        so = body.get("stream_options")
-        include_usage = bool(stream and isinstance(so, dict) and so.get("include_usage"))
-
+            return error(400, "request body is not valid JSON", "BadRequestError")
+        ask = read_ask(body, self.cfg.model, self.cfg.json_schema, self.cfg.max_model_len)
+        if isinstance(ask, web.Response):
+            return ask
         fault = self.faults.draw()
+        refused = await self._refuse(fault)
+        if refused is not None:
+            return refused
+        r = self._reply(ask, fault)
+        try:
+            if ask.stream:
+                return await self._stream(request, r)
+            return await self._whole(request, r)
+        except ConnectionError:  # the client went away while we wrote
+            raise asyncio.CancelledError from None
+        finally:
+            if r.s is not None and not r.s.done:
+                self.engine.cancel(r.s)
+
+    async def _refuse(self, fault: str | None) -> web.Response | None:
+        """The answer of a request failed by ``fault`` (an error, or a hang: never answered), or None."""
         if fault == "fail":
-            return _err(500, "simulated internal server error", "InternalServerError")
+            return error(500, "simulated internal server error", "InternalServerError")
         if fault == "rate_limit":
-            ra = cfg.retry_after
+            ra = self.cfg.retry_after
             ra_s = str(int(ra)) if float(ra).is_integer() else f"{ra:g}"
-            return _err(429, "simulated rate limit: too many requests", "RateLimitError",
-                        headers={"Retry-After": ra_s})
+            return error(429, "simulated rate limit: too many requests", "RateLimitError",
+                         headers={"Retry-After": ra_s})
         if fault == "hang":
             await asyncio.get_running_loop().create_future()  # until the client (or the card) goes away
+        return None
 
-        answer = simtext.answer(cfg.model, body, cfg.seed)
+    def _reply(self, ask: Ask, fault: str | None) -> Reply:
+        """What the request gets: its answer cut at max_tokens (none for an "empty" fault), and where a "drop"
+        fault cuts the connection."""
+        answer = simtext.answer(self.cfg.model, ask.body, self.cfg.seed)
         pieces = answer.pieces
         if fault == "empty":
             pieces = ()
             n, finish = 0, "stop"
         else:
-            n = min(len(pieces), max_tokens)
-            finish = "length" if len(pieces) > max_tokens else "stop"
+            n = min(len(pieces), ask.max_tokens)
+            finish = "length" if len(pieces) > ask.max_tokens else "stop"
             if n == 0:
                 finish = "stop"
         drop_at = None
         if fault == "drop":
             drop_at = self.faults.drop_point(n)
-
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        s = Stream(prompt_tokens, n) if n > 0 else None
-        try:
-            if stream:
-                return await self._stream(request, s, pieces, n, finish, rid, created, prompt_tokens,
-                                          include_usage, drop_at)
-            return await self._whole(request, s, pieces, n, finish, rid, created, prompt_tokens, drop_at)
-        except ConnectionError:  # the client went away while we wrote
-            raise asyncio.CancelledError from None
-        finally:
-            if s is not None and not s.done:
-                self.engine.cancel(s)
+        s = Stream(ask.prompt_tokens, n) if n > 0 else None
+        return Reply(s, pieces, n, finish, rid, created, ask.prompt_tokens, ask.include_usage, drop_at)
 
     def _finish(self, finish: str, n: int) -> None:
         self.completed += 1
@@ -300,7 +279,8 @@ class Card:
             tr.abort()
         raise asyncio.CancelledError  # the connection is gone; nothing more to send
 
-    async def _whole(self, request, s, pieces, n, finish, rid, created, prompt_tokens, drop_at):
+    async def _whole(self, request: web.Request, r: Reply) -> web.Response:
+        s, pieces, n, finish, drop_at = r.s, r.pieces, r.n, r.finish, r.drop_at
         if s is not None:
             if drop_at is not None:
                 def sink(st: Stream) -> None:
@@ -318,8 +298,9 @@ class Card:
                 self._cut(request)
         if drop_at is not None:
             self._cut(request)
+        prompt_tokens = r.prompt_tokens
         body = {
-            "id": rid, "object": "chat.completion", "created": created, "model": self.cfg.model,
+            "id": r.rid, "object": "chat.completion", "created": r.created, "model": self.cfg.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(pieces[:n]),
                                                  "reasoning_content": None, "tool_calls": []},
                          "logprobs": None, "finish_reason": finish, "stop_reason": None}],
@@ -329,7 +310,8 @@ class Card:
         self._finish(finish, n)
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
-    async def _stream(self, request, s, pieces, n, finish, rid, created, prompt_tokens, include_usage, drop_at):
+    async def _stream(self, request: web.Request, r: Reply) -> web.StreamResponse:
+        s, pieces, n, finish, rid, created, drop_at = r.s, r.pieces, r.n, r.finish, r.rid, r.created, r.drop_at
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -339,8 +321,9 @@ class Card:
         fin = b',"logprobs":null,"finish_reason":"' + finish.encode() + b'","stop_reason":null}]}\n\n'
         await resp.write(pre + b'{"role":"assistant","content":""}' + mid)  # also flushes the headers
         if s is not None:
-            writer = request._payload_writer
-            chunked = bool(getattr(writer, "chunked", True))
+            # The sink writes to the socket itself, framed as prepare() chose: chunked exactly when it said so in
+            # the headers it sent (HTTP/1.1 without a length), plain for HTTP/1.0 (the connection then closes).
+            chunked = resp.headers.get(hdrs.TRANSFER_ENCODING) == "chunked"
             tr = request.transport
             if tr is None or tr.is_closing():
                 raise asyncio.CancelledError
@@ -379,8 +362,8 @@ class Card:
                 await s.wait()
         else:
             await resp.write(pre + b'{"content":""}' + fin)
-        if include_usage:
-            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
+        if r.include_usage:
+            usage = {"prompt_tokens": r.prompt_tokens, "total_tokens": r.prompt_tokens + n, "completion_tokens": n}
             await resp.write(b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
                              + str(created).encode() + b',"model":' + self._model_json + b',"choices":[],"usage":'
                              + orjson.dumps(usage) + b"}\n\n")

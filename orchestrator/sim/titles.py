@@ -93,11 +93,7 @@ def fill_schema(schema: Any, rng: random.Random, ctx: Context, n: int | None, na
     for comb in ("anyOf", "oneOf", "allOf"):
         if isinstance(schema.get(comb), list) and schema[comb]:
             return fill_schema(schema[comb][0], rng, ctx, n, name, depth + 1)
-    t = schema.get("type")
-    if isinstance(t, list):
-        t = next((x for x in t if x != "null"), "string")
-    if t is None:
-        t = "object" if "properties" in schema else ("array" if "items" in schema else "string")
+    t = _schema_type(schema)
     if t == "object":
         props = schema.get("properties")
         if not isinstance(props, dict) or not props:
@@ -106,12 +102,31 @@ def fill_schema(schema: Any, rng: random.Random, ctx: Context, n: int | None, na
     if t == "array":
         return _fill_array(schema, rng, ctx, n, name, depth)
     if t == "string":
-        low = name.lower()
-        if "book" in low or low in ("title", "name"):
-            return make_book_title(rng)
-        if "summary" in low or "description" in low:
-            return sentence(Slots(rng, ctx))
-        return make_titles(rng, ctx, 1)[0]
+        return _fill_string(rng, ctx, name)
+    return _fill_scalar(schema, t)
+
+
+def _schema_type(schema: dict) -> Any:
+    """The type a schema asks for: the first that is not "null" of a list, else guessed from its keywords."""
+    t = schema.get("type")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), "string")
+    if t is None:
+        t = "object" if "properties" in schema else ("array" if "items" in schema else "string")
+    return t
+
+
+def _fill_string(rng: random.Random, ctx: Context, name: str) -> str:
+    """A string named ``name``: the book's title, a summary sentence, or a title."""
+    low = name.lower()
+    if "book" in low or low in ("title", "name"):
+        return make_book_title(rng)
+    if "summary" in low or "description" in low:
+        return sentence(Slots(rng, ctx))
+    return make_titles(rng, ctx, 1)[0]
+
+
+def _fill_scalar(schema: dict, t: Any) -> Any:
     if t == "integer":
         return int(schema.get("minimum", 1))
     if t == "number":
