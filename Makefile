@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 engine: install
 	PYTHON=$(PY) scripts/install-local-engine.sh
 
-# Debian's chromium, which the live feed's browser tests drive (tests/test_feed.py; they fail without it): installed
+# Debian's chromium, which the live feed's browser tests drive (tests/views/test_feed_*.py; they fail without it): installed
 # with apt-get as root, or through sudo; a no-op when `chromium` is on PATH or $HANDBOOK_CHROMIUM names one.
 browser:
 	@if command -v chromium >/dev/null 2>&1 || { [ -f "$$HANDBOOK_CHROMIUM" ] && [ -x "$$HANDBOOK_CHROMIUM" ]; }; then exit 0; fi; \

@@ -10,9 +10,9 @@ Pure: no I/O, no clock. Two questions:
 (A section the token cap stopped is cut back to its last complete sentence by ``orchestrator.cutback``.)
 
 Every threshold below was calibrated on the simulator's published-take book (8 x 12 x 16 sections, 250 words,
-520-token cap; tests/test_repair.py regenerates it): none of its 1,536 sections loops and none of its 1,641
+520-token cap; tests/book/test_checks.py regenerates it): none of its 1,536 sections loops and none of its 1,641
 titles is debris (nor any of the 1.3 million titles its banks can make), while the loops and debris reported from
-SmolLM2-135M on the embedded engine are caught (tests/test_repair.py has them).
+SmolLM2-135M on the embedded engine are caught (tests/book/test_checks.py has them).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ RUN_WORDS = 12
 RUN_REPEATS = 4
 # zlib compressed/raw size, prose and code apart (prose would hide a code loop). Book prose compresses to
 # 0.43-0.58 (the simulator's: 0.46 at least), terse reference documentation (Node's API docs) to 0.20-0.35; the
-# looping examples of tests/test_repair.py to 0.03-0.19, but a long paragraph looping 2-3 times only to 0.3 (the
+# looping examples of tests/book/test_checks.py to 0.03-0.19, but a long paragraph looping 2-3 times only to 0.3 (the
 # paragraph rule catches it). Real source code reaches 0.12 in 2,000-character windows of the standard library
 # (0.37 typical), hence a lower bound for code; code looping to the cap: 0.02-0.06. Below RATIO_MIN_CHARS zlib's
 # own overhead dominates.

@@ -25,7 +25,7 @@ from .job import (
 
 # The flag (argparse dest) that sets each setting `write` may change (stepwise.WRITE_OVERRIDES), where it is not
 # the setting's own name; None: `handbook write` has no flag for it (the library's awrite takes it in settings).
-# A setting added to WRITE_OVERRIDES gets the flag of its own name, and tests/test_outline_first.py fails until
+# A setting added to WRITE_OVERRIDES gets the flag of its own name, and tests/job/test_outline_first.py fails until
 # `write` has that flag or this table names another (or None).
 _FLAG_OF: dict[str, str | None] = {
     "first_token_timeout_s": "first_token_timeout", "chunk_timeout_s": "chunk_timeout",

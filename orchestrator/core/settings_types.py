@@ -20,7 +20,7 @@ __all__ = ["check_field_types", "conforms", "describe_type", "show_value"]
 # import on every CLI start and words its errors over several lines; msgspec is not installed. What is needed is a
 # few kinds (bool, int, float, str, None, tuple/list of them), a one-line message naming the key, and no coercion:
 # well under a hundred lines. A field whose annotation uses a kind not handled here fails loudly (TypeError), and
-# tests/test_settings_types.py checks every field of Settings.
+# tests/core/test_settings_types.py checks every field of Settings.
 
 _KINDS: dict[Any, str] = {
     bool: "true or false (a bool)",

@@ -1,6 +1,6 @@
 """Every use of a private or undocumented part of pypdf, WeasyPrint and pydyf, in one place.
 
-Checked against (each function's library source read, and tests/test_typeset.py run with each version):
+Checked against (each function's library source read, and tests/typeset/test_typeset.py run with each version):
 
     WeasyPrint 68.0, 69.0, 70.0     pyproject pins weasyprint>=68,<71
     pypdf      7.0.0, 7.1.1         pyproject pins pypdf>=7,<8

@@ -1,6 +1,6 @@
 """cutback: a section the token cap stopped, cut back to its last complete sentence, item, row or code block.
 
-(The simulator's published take cut back as a whole: tests/test_repair.py.)
+(The simulator's published take cut back as a whole: tests/book/test_checks.py.)
 """
 
 from __future__ import annotations

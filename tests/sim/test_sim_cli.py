@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.sim.launch import SimFleet
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- fleets ----------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A fake "engine Python" runs a tiny HTTP server whenever it is asked for ``-m vllm.entrypoints...`` and the real
 Python otherwise, so every line of the start/stop/reuse/convert logic runs as in production: the launcher that
 ties the server to us, the process group, /health polling, the state file, SIGTERM then SIGKILL.
-The real engine is exercised by tests/test_real_engine.py.
+The real engine is exercised by tests/engine/test_real_engine.py.
 """
 
 from __future__ import annotations

@@ -323,7 +323,7 @@ def _book_quality():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "book_quality.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "book_quality.py"
     spec = importlib.util.spec_from_file_location("book_quality", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

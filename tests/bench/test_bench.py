@@ -19,7 +19,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.osutil import free_port
 from orchestrator.sim.launch import SimFleet
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEP_MS, PER_STREAM_MS = 12.94, 0.2451
 LEVEL_KEYS = {"streams", "sustained_tok_s", "best_second_tok_s", "per_stream_tok_s", "step_ms", "ttft_median_ms",
               "running", "waiting"}

@@ -29,7 +29,7 @@ from orchestrator.engine.children import group_alive, pid_alive
 
 pytestmark = pytest.mark.real_engine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "real-engine.json"
 
 
