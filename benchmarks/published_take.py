@@ -18,7 +18,7 @@ seconds = wall seconds / time-scale, and the simulator's own lateness is reporte
                   card's last streams run with fewer than 256 beside them (the tail is physics, not scheduling)
 
 ``--json`` prints ``{"efficiency", "write_efficiency", "whole_job_s", "sections", "empty_sections"}`` of the
-first mode last. ``--timeline PATH`` draws the run in model seconds (orchestrator.timeline: in-flight streams per
+first mode last. ``--timeline PATH`` draws the run in model seconds (orchestrator.views.timeline: in-flight streams per
 card, planning requests and their critical path, the servers' tokens/s) to PATH, its data beside it (.json); with
 two modes the second's goes to PATH-<mode>.png.
 """
