@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "bench": ("orchestrator.cli.bench", "throughput ladder against servers, read from their counters"),
     "typeset": ("orchestrator.cli.typeset", "typeset existing Markdown into an A5 PDF"),
     "engine": ("orchestrator.cli.engine", "start, stop or inspect the embedded local engine"),
+    "replay": ("orchestrator.cli.replay", "serve the live feed again from a run's --record recording"),
 }
 
 
