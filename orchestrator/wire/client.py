@@ -27,6 +27,7 @@ from .discover import short_error
 from .hotpath import ConnectError, on_asyncio
 from .sse import MalformedStream, StreamState, Watch, read_events
 from .sseproto import Pool, usable
+from .whole import read_whole
 
 MIN_TOKENS_PER_S = 0.5  # the slowest decoding a request's deadline allows for (see BackendClient.deadline_for)
 
@@ -96,7 +97,7 @@ class BackendClient:
             await anyio.sleep(0.5)
             now = time.monotonic()
             for w in list(self._watches):
-                limit = self._chunk_timeout if w.first else self._first_timeout
+                limit = float("inf") if w.whole else self._chunk_timeout if w.first else self._first_timeout
                 if now - w.last > limit or now - w.start > w.deadline:
                     w.scope.cancel()
 
@@ -149,19 +150,21 @@ class BackendClient:
         temperature: float,
         schema: dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
+        stream: bool = True,
     ) -> dict[str, Any]:
-        """A streamed chat request. ``sampling``: further fields of the model profile (top_p,
-        repetition_penalty, frequency_penalty), sent only when set. ``schema`` becomes ``response_format`` while
-        the server takes it (:attr:`structured`)."""
+        """A chat request, streamed unless ``stream`` is False (one response: wire/whole.py). ``sampling``:
+        further fields of the model profile (top_p, repetition_penalty, frequency_penalty), sent only when set.
+        ``schema`` becomes ``response_format`` while the server takes it (:attr:`structured`)."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "max_tokens": max_tokens,
             "temperature": temperature,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": stream,
             "chat_template_kwargs": {"enable_thinking": False},
         }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
         if sampling:
             body.update(sampling)
         if schema is not None and self.structured:
@@ -196,14 +199,15 @@ class BackendClient:
     async def chat(
         self, body: dict[str, Any], *, attempt: int = 1, on_delta: Callable[[str], None] | None = None
     ) -> Reply:
-        """Stream one chat completion. Every failure comes back as a Reply with ``error`` set."""
+        """One chat completion, streamed or (``"stream": false`` in ``body``) read whole. Every failure comes back as
+        a Reply with ``error`` set."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
         st = StreamState(body.get("max_tokens"))
         watch: Watch | None = None
         try:
             with anyio.CancelScope() as scope:
-                watch = Watch(scope, t0, self.deadline_for(body))
+                watch = Watch(scope, t0, self.deadline_for(body), whole=body.get("stream") is not True)
                 self._watches.add(watch)
                 return await self._stream(body, attempt, on_delta, t0, st, watch)
             # Only reached when the watchdog cancelled the scope.
@@ -254,7 +258,8 @@ class BackendClient:
                 if resp.status != 200:
                     text = (await resp.read())[:500].decode("utf-8", "replace")
                     return self._http_error(resp.status, resp.headers.get("Retry-After"), text, t0, attempt, st)
-                done = await read_events(resp.content, st, watch, on_delta)
+                read = read_whole if watch.whole else read_events
+                done = await read(resp.content, st, watch, on_delta)
         if not done and st.finish is None:
             # The body ended without [DONE]: a cut stream unless we already have a finish reason.
             return self._fail(t0, attempt, "stream cut before it finished", st, health=True)

@@ -23,14 +23,15 @@ _DONE = b"[DONE]"
 class Watch:
     """Last-activity stamp of one in-flight stream, checked by its client's watchdog."""
 
-    __slots__ = ("deadline", "first", "last", "scope", "start")
+    __slots__ = ("deadline", "first", "last", "scope", "start", "whole")
 
-    def __init__(self, scope: anyio.CancelScope, now: float, deadline: float = float("inf")):
+    def __init__(self, scope: anyio.CancelScope, now: float, deadline: float = float("inf"), *, whole: bool = False):
         self.scope = scope
         self.start = now
         self.deadline = deadline  # seconds the whole request may take
         self.last = now
         self.first = False
+        self.whole = whole  # an unstreamed request (wire/whole.py): timed by its deadline alone
 
 
 class MalformedStream(Exception):
@@ -213,11 +214,11 @@ def _fields(payload: bytes) -> tuple[str | None, str | None, tuple[int, int] | N
     if usage:
         if not isinstance(usage, dict):
             raise MalformedStream("an event's usage is not an object")
-        counts = (_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+        counts = (count_tokens(usage.get("prompt_tokens")), count_tokens(usage.get("completion_tokens")))
     return text, fr, counts
 
 
-def _count(v: object) -> int:
+def count_tokens(v: object) -> int:
     """A token count: a whole number (a float that is one too, as some servers send), or none (0)."""
     if v is None:
         return 0

@@ -34,6 +34,7 @@ from yarl import URL
 from .hotpath import ConnectError, Response
 from .hotpath import event_loop_options as event_loop_options
 from .sse import SseParser, StreamState, Watch
+from .whole import WholeParser
 
 try:
     import httptools
@@ -70,7 +71,7 @@ class _Conn(asyncio.BufferedProtocol):
     def _start(self, st: StreamState | None, watch: Watch | None, on_delta: Callable[[str], None] | None) -> None:
         self.st, self.watch, self.on_delta = st, watch, on_delta
         self.waiter: asyncio.Future[Any] | None = None
-        self.sse: SseParser | None = None
+        self.sse: SseParser | WholeParser | None = None
         self.status = 0
         self.head_done = False
         self.complete = False
@@ -146,7 +147,8 @@ class _Conn(asyncio.BufferedProtocol):
         self.head_done = True
         if self.status == 200:
             assert self.st is not None and self.watch is not None
-            self.sse = SseParser(self.st, self.watch, self.on_delta)
+            reader = WholeParser if self.watch.whole else SseParser  # an unstreamed request: wire/whole.py
+            self.sse = reader(self.st, self.watch, self.on_delta)
 
     def on_body(self, body: bytes) -> None:
         sse = self.sse
