@@ -1,0 +1,91 @@
+"""The client's CPU per section, streamed against unstreamed (issue 27's `--stream-sections never`).
+
+    .venv/bin/python benchmarks/section_cpu.py                         # 4 cards, 1,024 sections of 520 tokens
+    .venv/bin/python benchmarks/section_cpu.py --cards 6 --sections 1536 --time-scale 3
+
+Starts simulated cards (the reference engine model, stream interval 4: vLLM's default of one chunk per few
+tokens at load) and sends the same section requests through ``BackendClient`` at cap 256 per card, once streamed
+(``"stream": true``, an SSE event per chunk) and once unstreamed (one JSON response per section), and prints this
+process's CPU seconds (user + system, ``time.process_time``) per section for each, and their ratio. The servers run
+in their own processes; only the client's CPU is counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import anyio
+
+from orchestrator import Backend
+from orchestrator.sim.launch import SimFleet
+from orchestrator.wire.client import BackendClient
+from orchestrator.wire.sseproto import event_loop_options
+
+STEP_MS, PER_STREAM_MS = 12.94, 0.2451
+PROMPT = 'Write the section "{}" of the chapter "Testing" of "A software engineering handbook", about 250 words.'
+
+
+async def _run(urls: list[str], sections: int, cap: int, max_tokens: int, stream: bool) -> dict:
+    clients: list[BackendClient] = []
+    async with anyio.create_task_group() as tg:
+        for url in urls:
+            c = BackendClient(Backend(url), "sim-qwen3")
+            await c.__aenter__()
+            clients.append(c)
+            tg.start_soon(c.watchdog)
+        limits = [anyio.Semaphore(cap) for _ in clients]
+        results = {"ok": 0, "tokens": 0, "errors": 0}
+
+        async def one(i: int) -> None:
+            k = i % len(clients)
+            async with limits[k]:
+                c = clients[k]
+                body = c.body([{"role": "user", "content": PROMPT.format(f"Section {i}")}], max_tokens=max_tokens,
+                              temperature=0.0, stream=stream)
+                reply = await c.chat(body)
+            results["ok" if reply.ok else "errors"] += 1
+            results["tokens"] += reply.completion_tokens
+
+        cpu0, t0 = time.process_time(), time.monotonic()
+        async with anyio.create_task_group() as work:
+            for i in range(sections):
+                work.start_soon(one, i)
+        results["cpu_s"] = time.process_time() - cpu0
+        results["wall_s"] = time.monotonic() - t0
+        tg.cancel_scope.cancel()
+    for c in clients:
+        await c.__aexit__(None, None, None)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cards", type=int, default=4)
+    ap.add_argument("--sections", type=int, default=1024)
+    ap.add_argument("--cap", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=520)
+    ap.add_argument("--time-scale", type=float, default=3.0)
+    args = ap.parse_args()
+    rows = []
+    with SimFleet(args.cards, time_scale=args.time_scale, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS,
+                  stream_interval=4, startup_timeout=60.0) as fleet:
+        for stream in (True, False):
+            r = anyio.run(_run, fleet.urls, args.sections, args.cap, args.max_tokens, stream,
+                          backend_options=event_loop_options())
+            rows.append(("streamed" if stream else "unstreamed", r))
+    print(f"{args.sections:,} sections of up to {args.max_tokens} tokens on {args.cards} simulated cards, cap "
+          f"{args.cap}, time-scale {args.time_scale:g}")
+    print(f"{'mode':>10}  {'sections ok':>11}  {'errors':>6}  {'tokens':>9}  {'wall s':>7}  {'client CPU s':>12}  "
+          f"{'CPU ms/section':>14}")
+    for mode, r in rows:
+        per = 1000 * r["cpu_s"] / max(1, r["ok"])
+        print(f"{mode:>10}  {r['ok']:>11,}  {r['errors']:>6}  {r['tokens']:>9,}  {r['wall_s']:>7.1f}  "
+              f"{r['cpu_s']:>12.2f}  {per:>14.3f}")
+    s, u = rows[0][1], rows[1][1]
+    ratio = (u["cpu_s"] / max(1, u["ok"])) / (s["cpu_s"] / max(1, s["ok"]))
+    print(f"unstreamed / streamed CPU per section: {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
