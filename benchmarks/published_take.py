@@ -17,6 +17,14 @@ seconds = wall seconds / time-scale, and the simulator's own lateness is reporte
                   allows at this cap at best, since 1,536 sections fill 6 x 256 slots in a single wave and each
                   card's last streams run with fewer than 256 beside them (the tail is physics, not scheduling)
 
+Power. Each card also serves a dcgm-exporter-like page (``/dcgm/metrics``, orchestrator/sim/power.py) and is
+given to the job as its ``--power``; the card mix modelled is six identical cards, each drawing the reference's
+one-card column (384.6 W at 1 stream ... 493.7 W at 256, interpolated on its running streams; 100 W idle, an
+assumption). ``tokens/J`` is the job's ``stats["tokens_per_joule"]`` (server-counted tokens / the cards' joules over
+the writing window; the same at any time scale), ``mean W`` the cards' summed mean draw in model terms (wall W x
+time-scale). With that column the take gives about 6-7 tokens per joule; the reference quotes 8.74 for its six
+cards, which would mean about 323 W per card over its 37.17 s writing window (docs/architecture.md, "Power").
+
 ``--json`` prints ``{"efficiency", "write_efficiency", "whole_job_s", "sections", "empty_sections"}`` of the
 first mode last. ``--timeline PATH`` draws the run in model seconds (orchestrator.views.timeline: in-flight streams per
 card, planning requests and their critical path, the servers' tokens/s) to PATH, its data beside it (.json); with
@@ -38,7 +46,7 @@ from pathlib import Path
 import anyio
 
 from orchestrator import Settings, agenerate
-from orchestrator.core.config import PRESETS
+from orchestrator.core.config import PRESETS, Backend
 from orchestrator.core.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
 from orchestrator.sim.launch import SimFleet
 from orchestrator.views.timeline import RunTimeline
@@ -96,7 +104,9 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
                   startup_timeout=60.0) as fleet:
         cpu0 = time.process_time()
         t0 = time.monotonic()
-        result = anyio.run(lambda: agenerate(prompt, fleet.urls, settings, out=out, on_event=[rec, chart],
+        # each card with its power page (dcgm-like, gpu label = its index), so stats.json has tokens per joule
+        backends = [Backend(u, cap=settings.cap, power=p) for u, p in zip(fleet.urls, fleet.power_urls)]
+        result = anyio.run(lambda: agenerate(prompt, backends, settings, out=out, on_event=[rec, chart],
                                              fresh=True))
         wall = time.monotonic() - t0
         cpu = time.process_time() - cpu0
@@ -120,6 +130,7 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
     last_start = max(rec.started.values()) if rec.started else 0.0
     last_end = max((ev.t for ev in rec.finished), default=last_start)
     sc = st.get("server_counted") or {}
+    pw = st.get("power") or {}
     return {
         "mode": "pipeline" if pipeline else "strict",
         "cards": cards,
@@ -151,6 +162,10 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
         "first_section_s": first_section / ts,
         "server_sustained_tok_s": (sc.get("sustained_tok_s") or 0.0) * ts,
         "server_best_second_tok_s": (sc.get("best_second_tok_s") or 0.0) * ts,
+        "tokens_per_joule": st.get("tokens_per_joule") or 0.0,
+        "energy_j": st.get("energy_j") or 0.0,
+        "power_w": (pw.get("power_w") or 0.0) * ts,  # model terms: the cards' summed mean draw
+        "power_coverage": pw.get("coverage") or f"not available ({pw.get('reason')})",
         "max_in_flight": max(s["max_in_flight"] for s in sims),
         "sim_late_s": max(s["late_s"] for s in sims) / ts,
         "sim_resyncs": sum(s["resyncs"] for s in sims),
@@ -174,6 +189,7 @@ def print_table(rows: list[dict]) -> None:
              ("one-wave eff.", "one_wave_efficiency", "{:.3f}"), ("1st section s", "first_section_s", "{:.2f}"),
              ("drain s", "drain_s", "{:.2f}"), ("after last s", "after_last_s", "{:.2f}"),
              ("sustained tok/s", "server_sustained_tok_s", "{:,.0f}"),
+             ("mean W", "power_w", "{:,.0f}"), ("tokens/J", "tokens_per_joule", "{:.2f}"),
              ("empty", "empty_sections", "{}"), ("planning req.", "planning_requests", "{}"),
              ("errors", "request_errors", "{}"), ("max in flight", "max_in_flight", "{}"),
              ("sim late s", "sim_late_s", "{:.2f}"), ("client CPU s", "orchestrator_cpu_s", "{:.1f}"),
@@ -183,6 +199,8 @@ def print_table(rows: list[dict]) -> None:
     print(f"Efficiency (capacity = cards x {capacity_tok_s(1):,.1f} tok/s at {CAP} streams)")
     _table(cols2, rows)
     for r in rows:
+        print(f"{r['mode']}: power {r['power_coverage']}: {r['energy_j']:,.0f} J over the writing, "
+              f"{r['power_w']:,.0f} W mean (model terms, all cards), {r['tokens_per_joule']:.2f} tokens per joule")
         if r["errors_by_reason"]:
             print(f"{r['mode']}: failed attempts by reason: "
                   + "; ".join(f"{k} x{v}" for k, v in sorted(r["errors_by_reason"].items())))

@@ -23,8 +23,17 @@ several backends, ``per_backend`` (each server's own sustained, best second, run
 ``label``, ``created``, ``backends``, ``model``, ``window_s``, ``ramp_s``, ``max_tokens``, ``interval_s``,
 ``time_scale``, ``metric``. The fit is least squares over the held levels; ``ceiling_tok_s`` = 1000 / b, per server.
 
+Power and caches (:func:`level_power`): with ``--power`` pages (dcgm-exporter, :mod:`orchestrator.metrics.power`)
+each level has ``power_w`` (the window's mean draw, summed over the cards), ``energy_j``, ``energy_source``
+("counter" | "power-integrated"), ``tokens_per_joule`` (the window's server-counted tokens of the covered backends /
+their joules) and ``power`` (coverage: ``covered_backends``, ``uncovered_backends``, ``covered_share``, ``coverage``
+"k of n backends", ``per_backend``); without, those are None and ``power`` is ``{"available": false, "reason"}``.
+Every level has ``kv_cache_usage`` ({median, max} of the servers' KV fill over the window, or None) and
+``prefix_cache_hit_rate`` (hits / queries increase over the window, or None).
+
 Every figure is in wall-clock seconds. Against the simulator run with ``--time-scale X`` the model's own figures
-are tok/s x X and step ms / X; ``ladder.json`` records the servers' ``time_scale`` when they report one.
+are tok/s x X, step ms / X and power W x X (tokens per joule unchanged); ``ladder.json`` records the servers'
+``time_scale`` when they report one.
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ class BenchSettings:
     ramp: float = 1.0
     interval: float = 0.5
     label: str | None = None
+    power: tuple[str | None, ...] = ()  # per backend, in order: its GPU's power page (URL[#gpu=LABEL]) or None
 
 
 async def find_targets(settings: BenchSettings) -> tuple[list[Target], Any]:
@@ -111,7 +121,8 @@ async def run_ladder(
     targets, time_scale = await find_targets(settings)
     urls = [t.url for t in targets]
     models = sorted({t.model for t in targets})
-    sampler = MetricsSampler(urls, interval=settings.interval)
+    power = dict(zip(settings.backends, settings.power, strict=False))
+    sampler = MetricsSampler(urls, interval=settings.interval, power={u: power.get(u) for u in urls})
     numbers = itertools.count(1)
     levels: list[dict[str, Any]] = []
     started = time.time()
@@ -146,6 +157,7 @@ async def run_ladder(
             console.print(
                 f"  sustained {level['sustained_tok_s']:,.1f} tok/s, best second "
                 f"{level['best_second_tok_s']:,.1f}, per stream {level['per_stream_tok_s']:,.2f}"
+                + level_power_words(level)
                 + ("" if level["held"] else f"  [red]NOT HELD ({level['waiting']:g} waiting)[/]")
             )
             if not await wait_drained(sampler, urls, limit=60):
@@ -273,7 +285,39 @@ def _level(
         "request_errors": stats.errors,
         "metric": figures["metric"],
         "per_backend": per_backend if k > 1 else None,
+        **level_power(sampler, t0, t1),
     }
+
+
+def level_power(sampler: MetricsSampler, t0: float, t1: float) -> dict[str, Any]:
+    """A level's power and cache keys: ``power_w``, ``energy_j``, ``energy_source``, ``tokens_per_joule``,
+    ``power`` (coverage), ``kv_cache_usage`` ({median, max}), ``prefix_cache_hit_rate``."""
+    pf = sampler.power_over(t0, t1)
+    on = pf.get("available") is True
+    keys = ("covered_backends", "uncovered_backends", "covered_share", "coverage", "per_backend")
+    cover = {k: pf[k] for k in keys if k in pf}
+    return {
+        "power_w": pf["power_w"] if on else None,
+        "energy_j": pf["energy_j"] if on else None,
+        "energy_source": pf["energy_source"] if on else None,
+        "tokens_per_joule": pf["tokens_per_joule"] if on else None,
+        "power": cover if on else {"available": False, "reason": pf["reason"]},
+        **sampler.caches_over(t0, t1),
+    }
+
+
+def level_power_words(level: dict[str, Any]) -> str:
+    """The bench's printed level line's power and cache part ("" when the level has neither)."""
+    out = ""
+    if level.get("power_w") is not None:
+        p = level["power"]
+        part = "" if p.get("covered_share", 1) == 1 else f" ({p['coverage']})"
+        tpj = level.get("tokens_per_joule")
+        out += f", power{part} {level['power_w']:,.1f} W" + (f", {tpj:,.3f} tok/J" if tpj is not None else "")
+    kv = level.get("kv_cache_usage")
+    if kv:
+        out += f", KV cache {100 * kv['median']:.0f}% (max {100 * kv['max']:.0f}%)"
+    return out
 
 
 def _median_gauge(points: Sequence[Point], t0: float, t1: float, index: int) -> float | None:

@@ -31,6 +31,10 @@ LEVEL_KEYS = (
     "ttft_median_ms",
     "running",
     "waiting",
+    "power_w",
+    "energy_j",
+    "tokens_per_joule",
+    "prefix_cache_hit_rate",
 )
 
 
@@ -65,7 +69,14 @@ def ladder_table(ladder: dict[str, Any]) -> Table:
     t.add_column("TTFT median\nms", justify="right")
     t.add_column("running", justify="right")
     t.add_column("waiting", justify="right")
-    if any(not lv.get("held", True) or _odd_metric(lv) for lv in ladder["levels"]):
+    power = any(lv.get("power_w") is not None for lv in ladder["levels"])
+    if power:
+        t.add_column("power\nW", justify="right")
+        t.add_column("tokens\nper joule", justify="right")
+    kv = any(lv.get("kv_cache_usage") for lv in ladder["levels"])
+    if kv:
+        t.add_column("KV cache\nmedian", justify="right")
+    if any(not lv.get("held", True) or _odd_metric(lv) or _part_power(lv) for lv in ladder["levels"]):
         t.add_column("note")
     for lv in ladder["levels"]:
         held = lv.get("held", True)
@@ -79,13 +90,26 @@ def ladder_table(ladder: dict[str, Any]) -> Table:
             _count(lv["running"]),
             _count(lv["waiting"]),
         ]
+        if power:
+            row += [_fmt(lv.get("power_w")), _fmt(lv.get("tokens_per_joule"), 3)]
+        if kv:
+            fill = lv.get("kv_cache_usage")
+            row.append(f"{100 * fill['median']:.0f}%" if fill else "-")
         if len(t.columns) > len(row):
             notes = [] if held else ["NOT HELD"]
             if _odd_metric(lv):
                 notes.append(str(lv["metric"]))
+            if _part_power(lv):
+                notes.append(f"power of {lv['power']['coverage']}")
             row.append("; ".join(notes))
         t.add_row(*row, style=None if held else "bold red")
     return t
+
+
+def _part_power(lv: dict[str, Any]) -> bool:
+    """Power figures that cover only some of the servers."""
+    p = lv.get("power") or {}
+    return lv.get("power_w") is not None and p.get("covered_share", 1) < 1
 
 
 def _odd_metric(lv: dict[str, Any]) -> bool:

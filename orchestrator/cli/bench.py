@@ -1,7 +1,8 @@
 """`handbook bench`: a concurrency ladder against servers, read from their own counters.
 
-    handbook bench --backend URL [--backend URL ...] [--streams 1,4,8,16,32,64,128,256] [--window 40]
-                   [--max-tokens 512] [--out DIR] [--model NAME] [--api-key K] [--ramp S] [--config FILE.toml]
+    handbook bench --backend URL [--power URL[#gpu=LABEL]] [--backend URL ...] [--streams 1,4,8,16,32,64,128,256]
+                   [--window 40] [--max-tokens 512] [--out DIR] [--model NAME] [--api-key K] [--ramp S]
+                   [--config FILE.toml]
     handbook bench compare A.json B.json
 
 Writes ``ladder.json``, ``ladder.csv`` and ``ladder.svg`` into ``--out`` (after every level, so an interrupted bench
@@ -30,7 +31,7 @@ from ..bench import (
     stdout_console,
     write_outputs,
 )
-from ..core.config import normalise_url
+from ..core.config import Backend, normalise_url
 from ..core.errors import ConfigError
 from ..core.osutil import prepare_out_dir, raise_open_file_limit
 
@@ -53,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="URL",
         help="OpenAI-compatible base URL ending in /v1; repeatable (default: $HANDBOOK_BACKENDS)",
+    )
+    parser.add_argument(
+        "--power",
+        action="append",
+        metavar="URL[#gpu=LABEL]",
+        help="the GPU power page (dcgm-exporter, e.g. http://gpu1:9400/metrics#gpu=0) of each --backend, in order; "
+        "repeatable, one per --backend; gives power_w and tokens_per_joule per level",
     )
     parser.add_argument("--streams", metavar="LIST", help="streams per backend, e.g. 1,4,8,16,32,64,128,256")
     parser.add_argument("--window", type=float, metavar="S", help="measured seconds per level (default 40)")
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(ts, int | float) and ts != 1:
         err.print(
             f"note: the servers are simulated at time scale {ts:g}; figures are wall-clock. "
-            f"In model time: tok/s x {ts:g}, step ms / {ts:g}."
+            f"In model time: tok/s x {ts:g}, step ms / {ts:g}, power W x {ts:g} (tokens per joule unchanged)."
         )
     err.print(f"wrote {out / 'ladder.json'}, {out / 'ladder.csv'}, {out / 'ladder.svg'}")
     return 0
@@ -114,7 +122,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         v = getattr(args, name, None)
         if v is not None:
             values[name] = v
-    urls = _backends(getattr(args, "backend", None), values)
+    urls, power = _backends(getattr(args, "backend", None), values, getattr(args, "power", None))
     max_tokens = values.get("max_tokens", 512)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
@@ -137,23 +145,23 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         ramp=_number(values, "ramp", 1.0, minimum=0, strict=False),
         interval=_number(values, "interval", 0.5, minimum=0, strict=True),
         label=str(label) if label is not None else None,
+        power=power,
     )
 
 
-def _backends(flags: list[str] | None, values: dict[str, Any]) -> tuple[str, ...]:
-    """The servers: the --backend flags (each may list several), else the bench file's, else $HANDBOOK_BACKENDS;
-    normalised, each once."""
+def _backends(
+    flags: list[str] | None, values: dict[str, Any], power_flags: list[str] | None = None
+) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+    """The servers and their power pages: the --backend flags (each may list several) paired in order with the
+    --power flags, else the bench file's (URLs, or tables {url, power}), else $HANDBOOK_BACKENDS; normalised, each
+    once."""
     backends: list[str] = []
+    power: list[str | None] = []
     if flags:
         for b in flags:
             backends += [x.strip() for x in b.split(",") if x.strip()]
     elif values.get("backends"):
-        raw = values["backends"]
-        if isinstance(raw, str):
-            raw = [raw]
-        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-            raise ConfigError("backends must be a list of URLs")
-        backends = list(raw)
+        backends, power = _file_backends(values["backends"])
     else:
         backends = [x.strip() for x in os.environ.get("HANDBOOK_BACKENDS", "").split(",") if x.strip()]
     if not backends:
@@ -161,7 +169,37 @@ def _backends(flags: list[str] | None, values: dict[str, Any]) -> tuple[str, ...
             "no backend: pass --backend URL (an OpenAI-compatible base URL ending in /v1), "
             "set $HANDBOOK_BACKENDS, or start one with 'handbook sim'"
         )
-    return tuple(dict.fromkeys(normalise_url(b) for b in backends))
+    if power_flags:
+        if len(power_flags) != len(backends):
+            raise ConfigError(f"--power given {len(power_flags)} time(s) for {len(backends)} backend(s): give one "
+                              "--power per --backend, in the same order")
+        power = list(power_flags)
+    pairs: dict[str, str | None] = {}
+    for i, b in enumerate(backends):
+        spec = power[i] if i < len(power) else None
+        pairs.setdefault(normalise_url(b), Backend(b, power=spec).power if spec else None)
+    return tuple(pairs), tuple(pairs.values())
+
+
+def _file_backends(raw: Any) -> tuple[list[str], list[str | None]]:
+    """A bench file's ``backends``: a URL, a list of URLs, or a list of tables ``{url = ..., power = ...}``."""
+    items = [raw] if isinstance(raw, str | dict) else raw
+    if not isinstance(items, list):
+        raise ConfigError("backends must be a list of URLs (or of tables {url, power})")
+    urls: list[str] = []
+    power: list[str | None] = []
+    for x in items:
+        if isinstance(x, str):
+            urls.append(x)
+            power.append(None)
+        elif isinstance(x, dict) and isinstance(x.get("url"), str) and set(x) <= {"url", "power"}:
+            if x.get("power") is not None and not isinstance(x["power"], str):
+                raise ConfigError(f"backend {x['url']!r}: power must be a URL[#gpu=LABEL], got {x['power']!r}")
+            urls.append(x["url"])
+            power.append(x.get("power"))
+        else:
+            raise ConfigError(f"a bench backend is a URL or a table {{url, power}}; got {x!r}")
+    return urls, power
 
 
 def _number(values: dict[str, Any], name: str, default: float, *, minimum: float, strict: bool) -> float:

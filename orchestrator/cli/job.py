@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -64,6 +65,9 @@ def add_connection_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", action="append", metavar="URL",
                    help="OpenAI-compatible base URL ending in /v1; repeatable (default: $HANDBOOK_BACKENDS, "
                    "else the embedded local engine)")
+    p.add_argument("--power", action="append", metavar="URL[#gpu=LABEL]",
+                   help="the GPU power page (dcgm-exporter, e.g. http://gpu1:9400/metrics#gpu=0) of each --backend, "
+                   "in order; repeatable, one per --backend: stats.json then has energy_j and tokens_per_joule")
     p.add_argument("--model", help="model name (default: the first model the backend lists)")
     p.add_argument("--api-key", help="API key (default: $OPENAI_API_KEY, else EMPTY); never printed")
     p.add_argument("--cap", type=positive_int, help="in-flight cap per backend (default 256)")
@@ -84,6 +88,9 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also write OUT/timeline.png (in-flight streams per card, planning requests and their "
                    "critical path, the servers' tokens/s) and its data, OUT/timeline.json")
+    p.add_argument("--record", action="store_true",
+                   help="keep the run's event stream, timestamped and compressed, in OUT/recording.jsonl.gz "
+                   "(`handbook replay OUT` serves the live feed again from it)")
     p.add_argument("--typeset-after-writing", action="store_true",
                    help="lay out the whole PDF after the last section (default: each section as soon as it is in, "
                    "on idle cores, at low priority)")
@@ -196,21 +203,35 @@ def backends_of(args: argparse.Namespace, values: dict[str, Any]) -> list[Backen
     if not urls:
         urls = backends_from_env()
     cap = values.get("cap", 256)
+    power: list[str | None] = list(getattr(args, "power", None) or [])
+    if power and len(power) != len(urls):
+        raise ConfigError(f"--power given {len(power)} time(s) for {len(urls)} backend(s): give one --power per "
+                          "backend, in the same order")
     backends = []
-    for u in urls:
+    for i, u in enumerate(urls):
+        spec = power[i] if power else None
         if isinstance(u, dict):
-            unknown = set(u) - {"url", "cap", "model"}
+            unknown = set(u) - {"url", "cap", "model", "power"}
             if unknown or "url" not in u:
-                raise ConfigError(f"a backend entry takes url, cap and model; got {sorted(u)}")
-            backends.append(Backend(u["url"], cap=u.get("cap", cap), model=u.get("model")))
+                raise ConfigError(f"a backend entry takes url, cap, model and power; got {sorted(u)}")
+            backends.append(Backend(u["url"], cap=u.get("cap", cap), model=u.get("model"),
+                                    power=spec or u.get("power")))
         else:
-            backends.append(Backend(str(u), cap=cap))
+            backends.append(Backend(str(u), cap=cap, power=spec))
     return backends
 
 
 def run_job_cli(argv: list[str]) -> int:
     prompt, backends, settings, out, args = resolve(argv)
+    args.record_to = record_folder(out, prompt)
     return run_with_displays(partial(_generate, prompt, backends, settings, out, args.fresh), settings, args, report)
+
+
+def record_folder(out: str | None, prompt: str) -> Path:
+    """Where --record writes: the job's out folder (the default one when --out is not given)."""
+    from ..job.run import default_out
+
+    return Path(out) if out is not None else default_out(prompt)
 
 
 def _generate(prompt, backends, settings, out, fresh, on_event, deltas):
@@ -242,7 +263,7 @@ def report(result) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..job.report import ROW_COLUMNS, row_cells, server_counted_line
+    from ..job.report import ROW_COLUMNS, power_line, row_cells, server_counted_line
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
@@ -250,9 +271,9 @@ def report(result) -> int:
         table.add_column(name, justify="right")
     table.add_row(*row_cells(result.stats))
     console.print(table)
-    line = server_counted_line(result.stats)
-    if line:
-        console.print(line, markup=False)
+    for line in (server_counted_line(result.stats), power_line(result.stats)):
+        if line:
+            console.print(line, markup=False)
     width = max((len(key) for key in result.paths), default=0)
     for key, path in result.paths.items():
         console.print(f"{key:>{width}}: {path}")
@@ -326,14 +347,40 @@ async def _run_with_displays(call, settings, args, report, done: dict[str, int])
             )
             print(f"handbook: live feed at {feed.url}", file=sys.stderr, flush=True)
             consumers.append(feed)
-        result = await call(consumers, feed is not None)
+        recorder = None
+        if getattr(args, "record", False):
+            from ..views.recording import Recorder
+
+            recorder = Recorder(args.record_to)
+            consumers.append(recorder)
+        try:
+            result = await call(consumers, feed is not None or recorder is not None)
+        finally:
+            if recorder is not None:
+                recorder.close()
         if progress is not None:
             progress.stop()
         done["code"] = report(result)
+        if recorder is not None:
+            _say_recording(recorder, result.stats.get("sections", 0))
         if feed is not None:
             if args.feed_linger is None:
                 print(f"handbook: the feed stays up at {feed.url} until Ctrl-C", file=sys.stderr, flush=True)
             await feed.linger()
+
+
+def _say_recording(recorder: Any, sections: int) -> None:
+    """Where the recording is and what it weighs (or why there is none)."""
+    if recorder.error is not None:
+        print(f"handbook: warning: no recording: {recorder.error}", file=sys.stderr)
+        return
+    if not recorder.path.is_file():
+        return
+    size = recorder.path.stat().st_size
+    per = f", {size / sections:,.0f} bytes a section" if sections else ""
+    print(f"handbook: recording {recorder.path} ({size / 1e6:,.2f} MB, {recorder.records:,} records of "
+          f"{recorder.events:,} events{per}); replay it with: handbook replay {recorder.path.parent}",
+          file=sys.stderr)
 
 
 def _say_budget(event: Any) -> None:

@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 from ..job.finish import Planned
-from .job import add_job_arguments, resolve, run_with_displays
+from .job import add_job_arguments, record_folder, resolve, run_with_displays
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prompt, backends, settings, out, args = resolve(args)
+    args.record_to = record_folder(out, prompt)
     return run_with_displays(partial(_plan, prompt, backends, settings, out, args.fresh), settings, args, report)
 
 

@@ -186,7 +186,8 @@ async def _serve(cfg: SimConfig, indexes: list[int], first_port: int, ready, sto
 
 def _print_ready(cards: list[tuple[int, str]], cfg: SimConfig, procs: int) -> None:
     for i, url in sorted(cards):
-        print(f"sim card {i}: {url}", flush=True)
+        power = url.removesuffix("/v1") + f"/dcgm/metrics#gpu={i}"
+        print(f"sim card {i}: {url}  power: {power}", flush=True)
     print(f"sim ready: {len(cards)} card(s), model {cfg.model}, time-scale {cfg.engine.time_scale:g}, "
           f"{procs} process(es), pid {os.getpid()}", flush=True)
 

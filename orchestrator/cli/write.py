@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     _, settings = write_settings(out_dir, overrides, frozenset(values))
     backends = backends_of(args, {"cap": settings.cap}) or _planned_backends(out_dir, settings.cap,
                                                                               keep_cap=args.cap is None)
+    args.record_to = out_dir
     return run_with_displays(partial(_write, out_dir, backends, settings, outline), settings, args, report)
 
 

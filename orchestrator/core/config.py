@@ -21,7 +21,11 @@ DEFAULT_PROMPT = "Write me a complete software engineering handbook"
 
 @dataclass(frozen=True)
 class Backend:
-    """One OpenAI-compatible server: its base URL (ending in /v1) and its in-flight cap."""
+    """One OpenAI-compatible server: its base URL (ending in /v1) and its in-flight cap.
+
+    ``power``: the Prometheus page of its GPU's power exporter (NVIDIA dcgm-exporter, :9400/metrics by default) and
+    which GPU it is, ``URL[#gpu=LABEL]`` (LABEL: dcgm's ``gpu`` label or the GPU's ``UUID``; none: every GPU on the
+    page, summed). Checked and normalised by :func:`split_power`; None: no power figures for this backend."""
 
     url: str
     cap: int = 256
@@ -30,6 +34,7 @@ class Backend:
     # user:password given in the URL (http://user:pass@host/v1): sent as HTTP basic auth, and taken out of
     # ``url`` at once, so the URL that reaches stats.json, the journal, events and logs never carries it.
     auth: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+    power: str | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self, "backend")
@@ -38,6 +43,9 @@ class Backend:
         if auth is not None:
             object.__setattr__(self, "auth", auth)
         check_positive_int("cap", self.cap)
+        if self.power is not None:
+            page, gpu = split_power(self.power)
+            object.__setattr__(self, "power", page + (f"#gpu={gpu}" if gpu is not None else ""))
 
     @property
     def identity(self) -> tuple[str, str, int, str]:
@@ -290,6 +298,30 @@ def normalise_url(url: str) -> str:
     if not parsed.path.endswith("/v1"):
         raise ConfigError(f"backend URL {url!r} must end in /v1 (an OpenAI-compatible base URL)")
     return u
+
+
+def split_power(spec: str) -> tuple[str, str | None]:
+    """``http://h:9400/metrics#gpu=0`` -> (``http://h:9400/metrics``, ``"0"``); no path: ``/metrics``; no
+    ``#gpu=``: (page, None). Anything else is a one-line ConfigError."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("a --power endpoint is empty: expected http(s)://HOST:PORT[/metrics][#gpu=LABEL]")
+    page, _, frag = spec.strip().partition("#")
+    parsed = urlparse(page)
+    try:
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:  # a port that is not a number
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok or "@" in parsed.netloc:
+        raise ConfigError(f"malformed power endpoint {redact(spec)!r}: expected http(s)://HOST:PORT[/metrics]"
+                          "[#gpu=LABEL] (a dcgm-exporter page)")
+    gpu: str | None = None
+    if frag:
+        key, eq, label = frag.partition("=")
+        if key != "gpu" or not eq or not label.strip():
+            raise ConfigError(f"power endpoint {spec!r}: after '#' expected gpu=LABEL (dcgm's gpu index or UUID)")
+        gpu = label.strip()
+    page = parsed._replace(path="/metrics").geturl() if parsed.path in ("", "/") else page.rstrip("/")
+    return page, gpu
 
 
 def backends_from_env() -> list[str]:

@@ -126,6 +126,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
         t_end=t_end,
         resumed_sections=written.resumed_sections,
         server_counted=written.server_counted,
+        power=written.power,
         fleet=written.fleet,
         model=job.model,
         interrupted=stop is not None,

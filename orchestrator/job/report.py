@@ -43,6 +43,7 @@ class JobRecord:
     t_end: float
     resumed_sections: int = 0
     server_counted: dict[str, Any] | None = None
+    power: dict[str, Any] | None = None  # metrics.power_figures over the writing (None: nothing was written)
     fleet: tuple[BackendFigures, ...] = ()  # one per backend, in ``backends`` order (empty: not measured)
     model: str = ""
     interrupted: bool = False  # the run stopped before the book was done (Ctrl-C, every backend down)
@@ -115,6 +116,7 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "truncated_sections": len(truncated),
         "resumed_sections": rec.resumed_sections,
         "server_counted": rec.server_counted,
+        **power_keys(rec.power),
         "per_backend": per_backend,
         "failed_section_paths": failed,
         "warnings": usage_warnings(rec),
@@ -126,6 +128,16 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     if rec.forecast is not None:
         stats["forecast"] = {**rec.forecast, "error": forecast_error(rec.forecast, stats)}
     return stats
+
+
+def power_keys(power: dict[str, Any] | None) -> dict[str, Any]:
+    """``energy_j``, ``tokens_per_joule`` (None when not measured) and ``power``: the GPUs' figures over the writing
+    with their coverage, or ``{"available": False, "reason"}``."""
+    if power is None:
+        power = {"available": False, "reason": "nothing was written"}
+    on = power.get("available") is True
+    return {"energy_j": power["energy_j"] if on else None,
+            "tokens_per_joule": power["tokens_per_joule"] if on else None, "power": power}
 
 
 def forecast_error(forecast: dict[str, Any], stats: dict[str, Any]) -> dict[str, float | None]:
@@ -206,6 +218,25 @@ def coverage_label(sc: dict[str, Any]) -> str:
     return "server-counted" if len(covered) == n else f"server-counted ({len(covered)} of {n} backends)"
 
 
+def power_line(stats: dict[str, Any]) -> str | None:
+    """The printed summary of ``stats["power"]``: watts, joules and tokens per joule over the writing, with their
+    coverage ("power (k of n backends)"), or "power: not available (reason)"."""
+    p = stats.get("power")
+    if not p:
+        return None
+    if p.get("available") is not True:
+        return f"power: not available ({p.get('reason') or 'no power endpoint'})"
+    from ..metrics.power import power_label
+
+    tpj = p.get("tokens_per_joule")
+    line = (f"{power_label(p)} while writing: {p['power_w']:,.0f} W mean, {p['energy_j']:,.0f} J ({p['energy_source']})"
+            + (f", {tpj:,.2f} tokens per joule" if tpj is not None else ""))
+    if len(p.get("covered_backends") or ()) > 0 and p.get("uncovered_backends"):
+        line += "; tokens of the covered backends only; no power: " + "; ".join(
+            f"{b['url']} ({b['reason']})" for b in p["uncovered_backends"])
+    return line
+
+
 def server_counted_line(stats: dict[str, Any]) -> str | None:
     """The printed summary of ``stats["server_counted"]``, never presenting a partial sum as the fleet's."""
     sc = stats.get("server_counted")
@@ -217,6 +248,11 @@ def server_counted_line(stats: dict[str, Any]) -> str | None:
         f"{coverage_label(sc)} while writing: {sc['sustained_tok_s']:,.0f} tok/s sustained, "
         f"best second {sc['best_second_tok_s'] or 0:,.0f} tok/s ({sc['metric']})"
     )
+    kv, hit = sc.get("kv_cache_usage_peak"), sc.get("prefix_cache_hit_rate")
+    if kv is not None:
+        line += f"; KV cache peak {100 * kv:.0f}%"
+    if hit is not None:
+        line += f"; prefix-cache hit rate {100 * hit:.0f}%"
     missing = sc.get("uncovered_backends") or ()
     if missing:
         line += "; not counted: " + "; ".join(f"{b['url']} ({b['reason']})" for b in missing)

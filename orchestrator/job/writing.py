@@ -67,6 +67,7 @@ class Written:
     fleet: tuple[BackendFigures, ...]  # one per backend, in fleet order
     stop: Stop | None = None
     all_down_error: str | None = None
+    power: dict[str, Any] | None = None  # the GPUs' power over the writing (metrics.power_figures; None: not written)
 
 
 def stopped_message(journal: Journal, why: str) -> str:
@@ -104,6 +105,9 @@ class Writer:
         else:
             outline = journal.outline
         t_titles: float | None = None
+        power = {load.client.backend.url: load.client.backend.power for load in fleet.loads}
+        if any(power.values()):  # the backends' --power pages, scraped in the sampler's rounds
+            sampler.set_power(power)
         async with anyio.create_task_group() as bg:
             await bg.start(fleet.run)
             bg.start_soon(sampler.run)
@@ -138,11 +142,12 @@ class Writer:
                 raise Interrupted(stopped_message(journal, "stopped at once (second Ctrl-C)"))
             await sampler.sample_once()
             bg.cancel_scope.cancel()
-        counted = None
+        counted = energy = None
         if self.t_write_start is not None:
             # Names the backends it covers (and why others are not), or says why nothing could be counted. The
             # sampler has stopped: no later sample could fall in the window, whenever it is closed.
             counted = sampler.counted(self.t_write_start, self.t_write_end or time.monotonic())
+            energy = sampler.power_over(self.t_write_start, self.t_write_end or time.monotonic())
         return Written(
             outline=outline,
             sections=self.sections,
@@ -163,6 +168,7 @@ class Writer:
             ),
             stop=self.stop,
             all_down_error=None if fleet.all_down_error is None else str(fleet.all_down_error),
+            power=energy,
         )
 
     async def _section(self, dispatcher: Dispatcher, ref: SectionRef, order: int) -> None:

@@ -2,7 +2,9 @@
 
 Names checked against each server's source (:data:`FAMILIES`):
 
-* vLLM: counter ``vllm:generation_tokens_total`` (advanced every engine step);
+* vLLM: counter ``vllm:generation_tokens_total`` (advanced every engine step); also read: the KV cache's fill
+  ``vllm:kv_cache_usage_perc`` (0..1; ``vllm:gpu_cache_usage_perc`` before vLLM 0.10) and the prefix cache's
+  ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (counters of tokens);
 * SGLang: counter ``sglang:generation_tokens_total`` (advanced when a request finishes);
 * llama.cpp's ``llama-server --metrics``: counter ``llamacpp:tokens_predicted_total`` (advanced when a slot finishes
   its request; printed with six significant digits, so above a million tokens it moves in steps of 10 or more);
@@ -24,6 +26,10 @@ GENERATION_METRIC = "vllm:generation_tokens_total"
 PROMPT_METRIC = "vllm:prompt_tokens_total"
 RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
+KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"  # 0..1; vLLM before 0.10 called it vllm:gpu_cache_usage_perc
+KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"
+PREFIX_QUERIES_METRIC = "vllm:prefix_cache_queries_total"  # tokens looked up in the prefix cache ...
+PREFIX_HITS_METRIC = "vllm:prefix_cache_hits_total"  # ... and those found there
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,9 @@ class ServerFamily:
     prompt_tokens: str | None = None
     running: str | None = None
     waiting: str | None = None
+    kv_usage: str | None = None  # a gauge, 0..1
+    prefix_queries: str | None = None  # counters of tokens
+    prefix_hits: str | None = None
 
 
 # Tried in this order; the first family whose generation counter a page carries is the one read. Sources:
@@ -42,7 +51,8 @@ class ServerFamily:
 # (TokenizerMetricsCollector, SchedulerMetricsCollector); ggml-org/llama.cpp examples/server/server.cpp
 # (handle_metrics: "llamacpp:" + name); huggingface/text-generation-inference router/src/server.rs.
 FAMILIES: tuple[ServerFamily, ...] = (
-    ServerFamily("vLLM", GENERATION_METRIC, PROMPT_METRIC, RUNNING_METRIC, WAITING_METRIC),
+    ServerFamily("vLLM", GENERATION_METRIC, PROMPT_METRIC, RUNNING_METRIC, WAITING_METRIC, KV_USAGE_METRIC,
+                 PREFIX_QUERIES_METRIC, PREFIX_HITS_METRIC),
     ServerFamily("SGLang", "sglang:generation_tokens_total", "sglang:prompt_tokens_total",
                  "sglang:num_running_reqs", "sglang:num_queue_reqs"),
     ServerFamily("llama.cpp", "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total",
@@ -51,7 +61,7 @@ FAMILIES: tuple[ServerFamily, ...] = (
                  "tgi_batch_current_size", "tgi_queue_size"),
 )
 
-_FIELDS = ("generation_tokens", "prompt_tokens", "running", "waiting")
+_FIELDS = ("generation_tokens", "prompt_tokens", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits")
 
 
 def _key(name: str) -> str:
@@ -70,7 +80,7 @@ _SAMPLES: dict[str, tuple[int, str]] = {
     for i, fam in enumerate(FAMILIES)
     for f in _FIELDS
     if (name := getattr(fam, f)) is not None
-}
+} | {_key(KV_USAGE_LEGACY): (0, "kv_usage_legacy")}
 # HELP/TYPE lines to keep: the samples' own names, and the histogram a ``_sum`` belongs to
 _DECLARED: frozenset[str] = frozenset(_SAMPLES) | frozenset(k.removesuffix("_sum") for k in _SAMPLES)
 
@@ -90,6 +100,9 @@ class Counters:
     prompt_tokens: float | None = None
     running: float | None = None
     waiting: float | None = None
+    kv_usage: float | None = None  # the mean over label sets (engines), 0..1
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
     metric: str | None = None
 
 
@@ -131,6 +144,7 @@ def parse_metrics(text: str) -> Counters:
     rejects.
     """
     sums: dict[tuple[int, str], float] = {}
+    seen: dict[tuple[int, str], int] = {}
     names: dict[tuple[int, str], str] = {}
     for family in text_string_to_metric_families(_relevant_lines(text)):
         for sample in family.samples:
@@ -138,12 +152,19 @@ def parse_metrics(text: str) -> Counters:
             if hit is None or math.isnan(sample.value):
                 continue
             sums[hit] = sums.get(hit, 0.0) + float(sample.value)
+            seen[hit] = seen.get(hit, 0) + 1
             names.setdefault(hit, sample.name)
     present = sorted({i for i, _ in sums})
     if not present:
         return Counters()
     chosen = next((i for i in present if (i, "generation_tokens") in sums), present[0])
     fields = {f: v for (i, f), v in sums.items() if i == chosen}
+    for f in ("kv_usage", "kv_usage_legacy"):  # a fill is averaged over engines, never summed past 1
+        if f in fields:
+            fields[f] /= seen[(chosen, f)]
+    legacy = fields.pop("kv_usage_legacy", None)
+    if legacy is not None and "kv_usage" not in fields:
+        fields["kv_usage"] = legacy
     return Counters(**fields, metric=names.get((chosen, "generation_tokens")))
 
 

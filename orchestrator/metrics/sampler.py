@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -17,7 +17,17 @@ import anyio
 
 from ..core.events import MetricsSample
 from .counters import GENERATION_NAMES, Counters, metrics_url, parse_metrics
-from .series import Point, has_counter, recent_rate, server_counted, unavailable
+from .power import PowerSampler
+from .series import (
+    CachePoint,
+    Point,
+    cache_figures,
+    counter_increase,
+    has_counter,
+    recent_rate,
+    server_counted,
+    unavailable,
+)
 
 
 class MetricsSampler:
@@ -30,7 +40,12 @@ class MetricsSampler:
 
     ``metric[url]`` is the generation metric a backend's page carried (None until one did); ``last_failure[url]``
     says, in words, why its last failed scrape failed. :meth:`counted` turns all of it into the ``stats.json``
-    figures, naming the backends they cover.
+    figures, naming the backends they cover. ``caches[url]`` keeps each backend's KV fill and prefix-cache
+    counters (:meth:`caches_over`).
+
+    ``power`` (url -> ``URL[#gpu=LABEL]`` or None, also settable later with :meth:`set_power`): the backends' GPU
+    power pages (dcgm-exporter), scraped in the same rounds by a :class:`~orchestrator.metrics.power.PowerSampler`;
+    :meth:`power_over` gives the window's watts, joules and tokens per joule.
 
     Usage::
 
@@ -50,6 +65,7 @@ class MetricsSampler:
         on_sample: Callable[[MetricsSample], None] | None = None,
         *,
         timeout: float | None = None,
+        power: Mapping[str, str | None] | None = None,
     ):
         if interval <= 0:
             raise ValueError("interval must be positive")
@@ -64,10 +80,16 @@ class MetricsSampler:
         self.last_error: dict[str, str | None] = {u: None for u in self.urls}
         self.last_failure: dict[str, str | None] = {u: None for u in self.urls}
         self.metric: dict[str, str | None] = {u: None for u in self.urls}
+        self.caches: dict[str, list[CachePoint]] = {u: [] for u in self.urls}
+        self.power = PowerSampler({u: (power or {}).get(u) for u in self.urls})
         self.rounds = 0
         self.latest: MetricsSample | None = None
         # made by the first waiter (an anyio.Event needs a running event loop), set and dropped by the next round
         self._round_done: anyio.Event | None = None
+
+    def set_power(self, endpoints: Mapping[str, str | None]) -> None:
+        """Name the backends' power pages (url -> ``URL[#gpu=LABEL]`` or None); before :meth:`run`."""
+        self.power = PowerSampler({u: endpoints.get(u) for u in self.urls})
 
     async def run(self) -> None:
         """Sample until cancelled. Opens (and closes) its own session when none was given."""
@@ -114,6 +136,8 @@ class MetricsSampler:
         async with anyio.create_task_group() as tg:
             for url in self.urls:
                 tg.start_soon(one, url)
+            if self.power.active:
+                tg.start_soon(self.power.round, session, self.timeout)
         t = time.monotonic()
         per_backend: dict[str, dict[str, float | None]] = {}
         total: float | None = None
@@ -158,11 +182,12 @@ class MetricsSampler:
             self.metric[url] = counters.metric
         # the counters describe the server somewhere between send and receive: take the midpoint
         point: Point = ((t_send + t_recv) / 2, counters.generation_tokens, counters.running, counters.waiting)
-        points = self.series[url]
-        if points and point[0] < points[-1][0]:  # an overlapping sample_once() finished out of order
-            bisect.insort(points, point, key=lambda p: p[0])
-        else:
-            points.append(point)
+        cache: CachePoint = (point[0], counters.kv_usage, counters.prefix_queries, counters.prefix_hits)
+        for points, p in ((self.series[url], point), (self.caches[url], cache)):
+            if points and p[0] < points[-1][0]:  # an overlapping sample_once() finished out of order
+                bisect.insort(points, p, key=lambda q: q[0])
+            else:
+                points.append(p)
         return counters
 
     # -- coverage ---------------------------------------------------------------------------------------------
@@ -182,9 +207,24 @@ class MetricsSampler:
         reasons = {u: self.uncounted_reason(u) for u in self.urls if not has_counter(self.series[u])}
         names = {u: m for u, m in self.metric.items() if m is not None}
         figures = server_counted(self.series, t0, t1, names, reasons=reasons)
-        if figures is not None:
-            return figures
-        return unavailable(self.urls, reasons)
+        if figures is None:
+            return unavailable(self.urls, reasons)
+        caches = self.caches_over(t0, t1, figures["covered_backends"])
+        kv = caches["kv_cache_usage"]
+        return {**figures, "kv_cache_usage_peak": kv["max"] if kv else None,
+                "prefix_cache_hit_rate": caches["prefix_cache_hit_rate"]}
+
+    def caches_over(self, t0: float, t1: float, urls: Sequence[str] | None = None) -> dict[str, Any]:
+        """:func:`~orchestrator.metrics.series.cache_figures` over [t0, t1] of ``urls`` (default: every backend)."""
+        return cache_figures({u: self.caches[u] for u in (self.urls if urls is None else urls)}, t0, t1)
+
+    def tokens_over(self, t0: float, t1: float) -> dict[str, float]:
+        """Each counted backend's server-counted tokens over [t0, t1]."""
+        return {u: counter_increase({u: pts}, t0, t1) for u, pts in self.series.items() if has_counter(pts)}
+
+    def power_over(self, t0: float, t1: float) -> dict[str, Any]:
+        """The window's power figures (:func:`~orchestrator.metrics.power.power_figures`): W, J, tok/J, coverage."""
+        return self.power.figures(t0, t1, self.tokens_over(t0, t1))
 
 
 class _ScrapeError(Exception):

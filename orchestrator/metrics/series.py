@@ -194,3 +194,31 @@ def _rates(curves: list[tuple[list[float], list[float]]], t0: float, t1: float) 
     # A window that is not a whole number of seconds can, in contrived cases, hold no 1 s span as busy as
     # its own average; report the average then, so that best second >= sustained always.
     return sustained, max(best, sustained)
+
+
+CachePoint = tuple[float, float | None, float | None, float | None]
+"""One cache sample of one backend: (t, KV cache fill 0..1, prefix-cache queries, prefix-cache hits)."""
+
+
+def cache_figures(caches: Mapping[str, Sequence[CachePoint]], t0: float, t1: float) -> dict[str, Any]:
+    """The KV cache's fill and the prefix cache's hit rate over [t0, t1], from the backends that report them.
+
+    ``kv_cache_usage``: ``{"median", "max"}`` over every sample of every backend in the window (None: no backend
+    reports a fill); ``prefix_cache_hit_rate``: the hits' increase / the queries' increase, summed over the backends
+    that have both counters (None: none has, or nothing was looked up)."""
+    fills = [p[1] for points in caches.values() for p in points if t0 <= p[0] <= t1 and p[1] is not None]
+    queries = {u: [(p[0], p[2], None, None) for p in ps if p[2] is not None] for u, ps in caches.items()}
+    hits = {u: [(p[0], p[3], None, None) for p in ps if p[3] is not None] for u, ps in caches.items()}
+    both = [u for u in caches if queries[u] and hits[u]]
+    q = counter_increase({u: queries[u] for u in both}, t0, t1)
+    h = counter_increase({u: hits[u] for u in both}, t0, t1)
+    return {
+        "kv_cache_usage": {"median": round(_median(fills), 4), "max": round(max(fills), 4)} if fills else None,
+        "prefix_cache_hit_rate": round(h / q, 4) if both and q > 0 else None,
+    }
+
+
+def _median(vals: list[float]) -> float:
+    s = sorted(vals)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2

@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .power import PowerMeter
+
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -120,6 +122,7 @@ class Engine:
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
         self.ttft_n = 0
+        self.power = PowerMeter(config.time_scale)  # the card's energy counter (power.py)
         self._idle = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -231,6 +234,7 @@ class Engine:
             if not self.running and not self.waiting:
                 self._idle.clear()
                 await self._idle.wait()
+                self.power.advance(0)
                 deadline = clock()
                 continue
             prefill = self._admit()
@@ -247,6 +251,7 @@ class Engine:
                     deadline = clock()
                     self.resyncs += 1
             self.busy_s += dur
+            self.power.advance(self.running)
             self._complete_step()
 
     def _call_sink(self, s: Stream, sink: Callable[[Stream], None]) -> None:

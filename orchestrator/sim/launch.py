@@ -2,6 +2,7 @@
 
     with SimFleet(3, time_scale=2.0, no_json_schema=True) as fleet:
         fleet.urls          # ["http://127.0.0.1:P/v1", ...]
+        fleet.power_urls    # ["http://127.0.0.1:P/dcgm/metrics#gpu=0", ...]: pair each with its url (--power)
         fleet.stats(0)      # GET /sim/stats of card 0
         fleet.metrics_text(0)
 
@@ -74,6 +75,7 @@ class SimFleet:
         self.flags = dict(flags)
         self.port: int | None = None
         self.urls: list[str] = []
+        self.power_urls: list[str] = []
         self.process: subprocess.Popen | None = None
         self._lines: list[str] = []
         self._ready = threading.Event()
@@ -129,6 +131,7 @@ class SimFleet:
                 return False, f"no ready line within {self.startup_timeout:g} s: {' '.join(argv[1:])}\n{self.output}"
         self.port = port
         self.urls = [f"http://127.0.0.1:{port + i}/v1" for i in range(self.cards)]
+        self.power_urls = [f"http://127.0.0.1:{port + i}/dcgm/metrics#gpu={i}" for i in range(self.cards)]
         for i in range(self.cards):
             while True:
                 try:
@@ -211,6 +214,10 @@ class SimFleet:
     def metrics_text(self, i: int) -> str:
         """GET /metrics of card ``i`` (Prometheus text format)."""
         return self._get(i, "/metrics").decode()
+
+    def dcgm_text(self, i: int) -> str:
+        """GET /dcgm/metrics of card ``i`` (its dcgm-exporter-like power page)."""
+        return self._get(i, "/dcgm/metrics").decode()
 
     def reset_max(self, i: int | None = None) -> None:
         """Reset max_in_flight (of card ``i``, or of every card)."""

@@ -60,6 +60,14 @@ class _Collector(Collector):
                                labels=labels)
         kv.add_metric(val, e.kv_used / e.cfg.kv_tokens if e.cfg.kv_tokens else 0.0)
         yield kv
+        q = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried "
+                                "tokens.", labels=labels)
+        q.add_metric(val, float(e.prompt_tokens))  # every prompt token is looked up ...
+        yield q
+        hit = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                                  "tokens.", labels=labels)
+        hit.add_metric(val, 0.0)  # ... and none is found: the simulator has no prefix cache
+        yield hit
         s = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                 labels=["model_name", "finished_reason"])
         s.add_metric([c.cfg.model, "stop"], float(c.finished["stop"]))

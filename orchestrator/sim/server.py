@@ -25,6 +25,7 @@ from .chat import Ask, Reply, error, read_ask
 from .engine import Engine, EngineConfig, Stream
 from .faults import Faults
 from .metrics import CardMetrics
+from .power import dcgm_text
 
 __all__ = ["Card", "SimConfig"]
 
@@ -88,12 +89,18 @@ class Card:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def power_url(self) -> str:
+        """The card's dcgm-exporter-like page and its GPU label, as ``--power`` takes it."""
+        return f"http://{self.host}:{self.port}/dcgm/metrics#gpu={self.index}"
+
     # -- lifecycle --------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/dcgm/metrics", self.dcgm)
         app.router.add_get("/health", self.health)
         app.router.add_get("/sim/stats", self.stats_handler)
         app.router.add_post("/sim/reset_max", self.reset_max)
@@ -174,11 +181,15 @@ class Card:
         return web.Response(body=self._metrics.text(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    async def dcgm(self, request: web.Request) -> web.Response:
+        return web.Response(body=dcgm_text(self.index, self.engine.power, self.engine.running, self.host),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
     def stats(self) -> dict:
         e = self.engine
         cfg = asdict(self.cfg)
         return {
-            "card": self.index, "url": self.url, "model": self.cfg.model,
+            "card": self.index, "url": self.url, "power_url": self.power_url, "model": self.cfg.model,
             "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
             "requests": self.requests, "completed": self.completed,
             "generation_tokens": e.generation_tokens, "prompt_tokens": e.prompt_tokens,
@@ -186,6 +197,7 @@ class Card:
             "running": e.running, "waiting": e.num_waiting, "kv_used": e.kv_used,
             "finished": dict(self.finished), "faults": dict(self.faults.counts),
             "steps": e.steps, "busy_s": e.busy_s, "late_s": e.late_s, "resyncs": e.resyncs,
+            "energy_mj": e.power.energy_mj,
             "uptime_s": time.monotonic() - self._t0, "time_scale": self.cfg.engine.time_scale,
             "model_time_s": (time.monotonic() - self._t0) / self.cfg.engine.time_scale,
             "process_cpu_s": time.process_time(), "pid": os.getpid(),

@@ -185,7 +185,7 @@ tgi_request_max_new_tokens_count 1523
 def test_parse_vllm_text_sums_label_sets():
     c = parse_metrics(VLLM_TEXT)
     assert c == Counters(generation_tokens=630000.0, prompt_tokens=74728.0, running=256.0, waiting=3.0,
-                         metric="vllm:generation_tokens_total")
+                         kv_usage=0.828, metric="vllm:generation_tokens_total")
 
 
 @pytest.mark.parametrize(
