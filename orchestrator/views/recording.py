@@ -26,6 +26,7 @@ import gzip
 import os
 import sys
 import time
+import typing
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,20 +34,7 @@ from typing import Any
 
 import orjson
 
-from ..core.events import (
-    BackendState,
-    Delta,
-    Event,
-    ForecastReady,
-    JobFinished,
-    JobStarted,
-    LevelPlanned,
-    MetricsSample,
-    NodeFailed,
-    NodeFinished,
-    NodeStarted,
-    OutlineReady,
-)
+from ..core.events import Delta, Event, JobFinished, NodeFailed, NodeFinished, NodeStarted
 from ..core.outline import Outline
 from ..core.reply import Reply
 from ..core.states import NodeKind
@@ -57,11 +45,7 @@ RECORDING_FILE = "recording.jsonl.gz"
 COALESCE_S = 0.1
 FLUSH_S = 1.0
 
-_KINDS: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (JobStarted, NodeStarted, Delta, NodeFinished, NodeFailed, LevelPlanned, OutlineReady, ForecastReady,
-                BackendState, MetricsSample, JobFinished)
-}
+_KINDS: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Event)}  # every event the job emits
 _REPLY_TIMES = ("t_start", "t_first", "t_end")
 
 

@@ -206,16 +206,26 @@ def _fields(payload: bytes) -> tuple[str | None, str | None, tuple[int, int] | N
             text = delta.get("content")
             if text is not None and not isinstance(text, str):
                 raise MalformedStream("an event's delta.content is not a string")
-        fr = c.get("finish_reason")
-        if fr is not None and not isinstance(fr, str):
-            raise MalformedStream("an event's finish_reason is not a string")
+        fr = finish_reason(c, "an event's")
+    return text, fr, usage_counts(obj, "an event's")
+
+
+def finish_reason(choice: dict, whose: str) -> str | None:
+    """A choice's finish reason, checked (``whose``: "an event's", "the response's", for the message)."""
+    fr = choice.get("finish_reason")
+    if fr is not None and not isinstance(fr, str):
+        raise MalformedStream(f"{whose} finish_reason is not a string")
+    return fr
+
+
+def usage_counts(obj: dict, whose: str) -> tuple[int, int] | None:
+    """(prompt, completion tokens) of an event's or a response's usage, checked; None when it has none."""
     usage = obj.get("usage")
-    counts = None
-    if usage:
-        if not isinstance(usage, dict):
-            raise MalformedStream("an event's usage is not an object")
-        counts = (count_tokens(usage.get("prompt_tokens")), count_tokens(usage.get("completion_tokens")))
-    return text, fr, counts
+    if not usage:
+        return None
+    if not isinstance(usage, dict):
+        raise MalformedStream(f"{whose} usage is not an object")
+    return count_tokens(usage.get("prompt_tokens")), count_tokens(usage.get("completion_tokens"))
 
 
 def count_tokens(v: object) -> int:

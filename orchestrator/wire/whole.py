@@ -21,7 +21,7 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
-from .sse import MalformedStream, StreamState, Watch, count_tokens
+from .sse import MalformedStream, StreamState, Watch, finish_reason, usage_counts
 
 __all__ = ["WholeParser", "read_whole"]
 
@@ -89,16 +89,7 @@ def _completion(body: bytes) -> tuple[str | None, str | None, tuple[int, int] | 
     text = message.get("content")
     if text is not None and not isinstance(text, str):
         raise MalformedStream("the response's message.content is not a string")
-    finish = c.get("finish_reason")
-    if finish is not None and not isinstance(finish, str):
-        raise MalformedStream("the response's finish_reason is not a string")
-    usage = obj.get("usage")
-    counts = None
-    if usage:
-        if not isinstance(usage, dict):
-            raise MalformedStream("the response's usage is not an object")
-        counts = (count_tokens(usage.get("prompt_tokens")), count_tokens(usage.get("completion_tokens")))
-    return text, finish, counts
+    return text, finish_reason(c, "the response's"), usage_counts(obj, "the response's")
 
 
 async def read_whole(content: aiohttp.StreamReader, st: StreamState, watch: Watch,
