@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/published_take.py --modes pipeline --time-scale 2 --json
     .venv/bin/python benchmarks/published_take.py --cards 24 --modes pipeline --time-scale 8   # the scale check
     .venv/bin/python benchmarks/published_take.py --modes pipeline --time-scale 3 --timeline docs/timeline.png
+    .venv/bin/python benchmarks/published_take.py --modes pipeline --time-scale 3 --record   # and its recording
 
 Starts N simulated cards (12.94 ms + 0.2451 ms per running stream per step, stream interval 4; cap 256 per card)
 and runs ``--preset published-take`` (8 x 12 x 16 sections, 250 words, 520-token cap) in this process. The
@@ -24,6 +25,11 @@ assumption). ``tokens/J`` is the job's ``stats["tokens_per_joule"]`` (server-cou
 the writing window; the same at any time scale), ``mean W`` the cards' summed mean draw in model terms (wall W x
 time-scale). With that column the take gives about 6-7 tokens per joule; the reference quotes 8.74 for its six
 cards, which would mean about 323 W per card over its 37.17 s writing window (docs/architecture.md, "Power").
+
+Each reader. The job's ``stats["readers"]`` in model terms: the per-reader rate (server-counted sustained / the
+servers' running streams), each section's decode rate (client), and TTFT, ITL and end-to-end percentiles with their
+source (the simulator exports vLLM's three histograms, so "server"). ``--record`` also keeps the run's event stream
+as ``--record`` does and prints its size.
 
 ``--json`` prints ``{"efficiency", "write_efficiency", "whole_job_s", "sections", "empty_sections"}`` of the
 first mode last. ``--timeline PATH`` draws the run in model seconds (orchestrator.views.timeline: in-flight streams per
@@ -49,6 +55,8 @@ from orchestrator import Settings, agenerate
 from orchestrator.core.config import PRESETS, Backend
 from orchestrator.core.events import JobStarted, NodeFailed, NodeFinished, NodeStarted
 from orchestrator.sim.launch import SimFleet
+from orchestrator.views.recording import RECORDING_FILE
+from orchestrator.views.recording import Recorder as EventRecorder
 from orchestrator.views.timeline import RunTimeline
 
 STEP_MS, PER_STREAM_MS, CAP = 12.94, 0.2451, 256
@@ -93,21 +101,24 @@ class Recorder:
 
 
 def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dict | None = None,
-             timeline: Path | None = None) -> dict:
+             timeline: Path | None = None, record: bool = False) -> dict:
     preset = dict(PRESETS["published-take"])
     prompt = preset.pop("prompt")
     preset.update(shape or {})
     settings = Settings(**preset, pipeline=pipeline, formats=("md",))
     rec = Recorder()
     chart = RunTimeline(time_scale=time_scale)  # model seconds; it reads the job's own /metrics samples
+    # --record: the run's event stream kept as `handbook ... --record` keeps it (text deltas on), to measure its size
+    recording = EventRecorder(Path(out)) if record else None
+    consumers = [rec, chart] + ([recording] if recording is not None else [])
     with SimFleet(cards, time_scale=time_scale, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS, stream_interval=4,
                   startup_timeout=60.0) as fleet:
         cpu0 = time.process_time()
         t0 = time.monotonic()
         # each card with its power page (dcgm-like, gpu label = its index), so stats.json has tokens per joule
         backends = [Backend(u, cap=settings.cap, power=p) for u, p in zip(fleet.urls, fleet.power_urls)]
-        result = anyio.run(lambda: agenerate(prompt, backends, settings, out=out, on_event=[rec, chart],
-                                             fresh=True))
+        result = anyio.run(lambda: agenerate(prompt, backends, settings, out=out, on_event=consumers,
+                                             deltas=record, fresh=True))
         wall = time.monotonic() - t0
         cpu = time.process_time() - cpu0
         sims = fleet.all_stats()
@@ -131,6 +142,10 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
     last_end = max((ev.t for ev in rec.finished), default=last_start)
     sc = st.get("server_counted") or {}
     pw = st.get("power") or {}
+    rec_bytes = None
+    if recording is not None:
+        recording.close()
+        rec_bytes = (Path(out) / RECORDING_FILE).stat().st_size
     return {
         "mode": "pipeline" if pipeline else "strict",
         "cards": cards,
@@ -166,6 +181,8 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
         "energy_j": st.get("energy_j") or 0.0,
         "power_w": (pw.get("power_w") or 0.0) * ts,  # model terms: the cards' summed mean draw
         "power_coverage": pw.get("coverage") or f"not available ({pw.get('reason')})",
+        "readers": model_readers(st.get("readers") or {}, ts),
+        "recording_bytes": rec_bytes,
         "max_in_flight": max(s["max_in_flight"] for s in sims),
         "sim_late_s": max(s["late_s"] for s in sims) / ts,
         "sim_resyncs": sum(s["resyncs"] for s in sims),
@@ -174,6 +191,45 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
         "wall_s": wall,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def model_readers(rd: dict, ts: float) -> dict:
+    """stats.json ``readers`` in model terms: rates x time-scale, times / time-scale (sources and counts kept)."""
+    out = dict(rd)
+    for key in ("per_stream_tok_s", "rate_tok_s"):
+        if out.get(key) is not None:
+            out[key] = out[key] * ts
+    if out.get("section_decode_tok_s"):
+        out["section_decode_tok_s"] = {k: v * ts if k.startswith("p") and v is not None else v
+                                       for k, v in out["section_decode_tok_s"].items()}
+    for key in ("ttft_s", "itl_ms", "e2e_s"):
+        if out.get(key):
+            out[key] = {k: v / ts if k.startswith("p") and v is not None else v for k, v in out[key].items()}
+    return out
+
+
+def readers_lines(r: dict) -> list[str]:
+    """What each reader got, in model terms, each figure with its source."""
+    rd = r["readers"]
+    if rd.get("per_stream_tok_s") is None:
+        return [f"{r['mode']}: each reader: not measured"]
+    lines = [f"{r['mode']}: each reader {rd['per_stream_tok_s']:,.1f} tok/s ({rd['rate_tok_s']:,.0f} tok/s "
+             f"{rd['rate_source']}-counted over {rd['streams_in_flight']:,.0f} streams in flight, "
+             f"{rd['streams_source']}-counted)"]
+    dec = rd.get("section_decode_tok_s")
+    if dec:
+        lines.append(f"{r['mode']}: each section's decode rate p10/p50/p90 {dec['p10']:,.1f}/{dec['p50']:,.1f}/"
+                     f"{dec['p90']:,.1f} tok/s ({dec['source']})")
+    for key, label, unit, digits in (("ttft_s", "TTFT", "s", 3), ("itl_ms", "ITL", "ms", 1),
+                                     ("e2e_s", "end to end", "s", 2)):
+        e = rd.get(key)
+        if not e:
+            continue
+        ps = [k for k in e if k.startswith("p")]
+        src = f"server, {e['metric']}, {e['coverage']}" if e["source"] == "server" else "client"
+        lines.append(f"{r['mode']}: {label} {'/'.join(ps)} " + "/".join(f"{e[k]:,.{digits}f}" for k in ps)
+                     + f" {unit} ({src})")
+    return lines
 
 
 def print_table(rows: list[dict]) -> None:
@@ -201,6 +257,11 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         print(f"{r['mode']}: power {r['power_coverage']}: {r['energy_j']:,.0f} J over the writing, "
               f"{r['power_w']:,.0f} W mean (model terms, all cards), {r['tokens_per_joule']:.2f} tokens per joule")
+        for line in readers_lines(r):
+            print(line)
+        if r["recording_bytes"] is not None:
+            print(f"{r['mode']}: recording {r['recording_bytes'] / 1e6:,.2f} MB, "
+                  f"{r['recording_bytes'] / max(1, r['sections']):,.0f} bytes per section")
         if r["errors_by_reason"]:
             print(f"{r['mode']}: failed attempts by reason: "
                   + "; ".join(f"{k} x{v}" for k, v in sorted(r["errors_by_reason"].items())))
@@ -226,6 +287,8 @@ def main() -> None:
     ap.add_argument("--chapters", type=int)
     ap.add_argument("--sections", type=int)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record", action="store_true",
+                    help="keep the run's event stream as --record does (text deltas on) and print its size")
     ap.add_argument("--timeline", type=Path, metavar="PATH",
                     help="draw the run (model seconds) to PATH (a .png) and write its data beside it (.json)")
     a = ap.parse_args()
@@ -236,7 +299,7 @@ def main() -> None:
         chart = a.timeline if a.timeline is None or i == 0 else a.timeline.with_name(
             f"{a.timeline.stem}-{m}{a.timeline.suffix}")
         with tempfile.TemporaryDirectory() as d:
-            rows.append(run_once(a.cards, m == "pipeline", a.time_scale, d, shape, chart))
+            rows.append(run_once(a.cards, m == "pipeline", a.time_scale, d, shape, chart, a.record))
         print(f"[{m}: done in {rows[-1]['wall_s']:.0f} s wall]", file=sys.stderr, flush=True)
     print_table(rows)
     if a.json:

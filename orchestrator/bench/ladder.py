@@ -31,6 +31,11 @@ their joules) and ``power`` (coverage: ``covered_backends``, ``uncovered_backend
 Every level has ``kv_cache_usage`` ({median, max} of the servers' KV fill over the window, or None) and
 ``prefix_cache_hit_rate`` (hits / queries increase over the window, or None).
 
+Latency (:func:`level_latency`): each level has ``ttft_s`` (p50/p95/p99, over the whole level), ``itl_ms``
+(p50/p99, over the window) and ``e2e_s`` (p50/p95/p99 of the level's requests that finished, None when none did),
+each with ``source``: "server" (the servers' histograms, :mod:`orchestrator.metrics.latency`, with coverage, when
+every backend has them) or "client".
+
 Every figure is in wall-clock seconds. Against the simulator run with ``--time-scale X`` the model's own figures
 are tok/s x X, step ms / X and power W x X (tokens per joule unchanged); ``ladder.json`` records the servers'
 ``time_scale`` when they report one.
@@ -55,6 +60,7 @@ from rich.console import Console
 from ..core.config import Backend
 from ..core.errors import BackendError
 from ..metrics import GENERATION_METRIC, MetricsSampler, Point, server_counted
+from ..metrics.readers import latency_figures
 from ..wire.client import auth_header, discover
 from .fit import fit_step
 from .load import LoadStats, Target, client_estimate_series, client_for, saturated, stream_worker, wait_full
@@ -227,11 +233,12 @@ async def measure_level(
         # the window's end must be bracketed by a sample of every server before the load stops
         await sample_after(sampler, [x.url for x in targets], t1)
         tg.cancel_scope.cancel()
-    return _level(stats, sampler, targets, streams, t0, t1)
+    return _level(stats, sampler, targets, streams, t0, t1, t_level=t_level)
 
 
 def _level(
-    stats: LoadStats, sampler: MetricsSampler, targets: Sequence[Target], streams: int, t0: float, t1: float
+    stats: LoadStats, sampler: MetricsSampler, targets: Sequence[Target], streams: int, t0: float, t1: float, *,
+    t_level: float | None = None,
 ) -> dict[str, Any]:
     """The figures of one level measured over the window [t0, t1]."""
     k = len(targets)
@@ -286,7 +293,23 @@ def _level(
         "metric": figures["metric"],
         "per_backend": per_backend if k > 1 else None,
         **level_power(sampler, t0, t1),
+        **level_latency(sampler, stats, t0, t1, t0 if t_level is None else t_level),
     }
+
+
+def level_latency(sampler: MetricsSampler, stats: LoadStats, t0: float, t1: float, t_level: float) -> dict[str, Any]:
+    """A level's ``ttft_s``, ``itl_ms`` and ``e2e_s`` percentiles: the servers' histograms where every backend has
+    them, else the client's. ITL over the window (the level held); TTFT and end to end over the whole level from
+    its start (``t_level``: the level's first requests are sent in its ramp, and a request longer than the window
+    starts and ends nowhere inside it). The client's ITL is each finished request's mean gap; the client keeps no
+    send time for a finished request, so it has no end-to-end figure; end to end is None when no request of the
+    level finished (its requests outlive it: they are cancelled when it ends)."""
+    histograms = sampler.histograms_of()
+    gaps = [(t_end - t_first) / (n - 1) for t_first, t_end, n in stats.spans
+            if n > 1 and t_end > t_first and t_end >= t0 and t_first <= t1]
+    itl = latency_figures(histograms, t0, t1, {"itl": gaps})
+    whole = latency_figures(histograms, t_level, t1, {"ttft": [ttft for _, ttft in stats.ttft_s]})
+    return {"ttft_s": whole["ttft_s"], "itl_ms": itl["itl_ms"], "e2e_s": whole["e2e_s"]}
 
 
 def level_power(sampler: MetricsSampler, t0: float, t1: float) -> dict[str, Any]:

@@ -76,6 +76,9 @@ def ladder_table(ladder: dict[str, Any]) -> Table:
     kv = any(lv.get("kv_cache_usage") for lv in ladder["levels"])
     if kv:
         t.add_column("KV cache\nmedian", justify="right")
+    itl = any(lv.get("itl_ms") for lv in ladder["levels"])
+    if itl:
+        t.add_column("ITL p50/p99\nms", justify="right")
     if any(not lv.get("held", True) or _odd_metric(lv) or _part_power(lv) for lv in ladder["levels"]):
         t.add_column("note")
     for lv in ladder["levels"]:
@@ -90,20 +93,41 @@ def ladder_table(ladder: dict[str, Any]) -> Table:
             _count(lv["running"]),
             _count(lv["waiting"]),
         ]
-        if power:
-            row += [_fmt(lv.get("power_w")), _fmt(lv.get("tokens_per_joule"), 3)]
-        if kv:
-            fill = lv.get("kv_cache_usage")
-            row.append(f"{100 * fill['median']:.0f}%" if fill else "-")
+        row += _optional_cells(lv, power=power, kv=kv, itl=itl)
         if len(t.columns) > len(row):
-            notes = [] if held else ["NOT HELD"]
-            if _odd_metric(lv):
-                notes.append(str(lv["metric"]))
-            if _part_power(lv):
-                notes.append(f"power of {lv['power']['coverage']}")
-            row.append("; ".join(notes))
+            row.append(_notes(lv, held))
         t.add_row(*row, style=None if held else "bold red")
     return t
+
+
+def _optional_cells(lv: dict[str, Any], *, power: bool, kv: bool, itl: bool) -> list[str]:
+    """A level's cells of the columns shown only when some level has them: power, KV fill, ITL."""
+    cells = []
+    if power:
+        cells += [_fmt(lv.get("power_w")), _fmt(lv.get("tokens_per_joule"), 3)]
+    if kv:
+        fill = lv.get("kv_cache_usage")
+        cells.append(f"{100 * fill['median']:.0f}%" if fill else "-")
+    if itl:
+        cells.append(_itl(lv.get("itl_ms")))
+    return cells
+
+
+def _notes(lv: dict[str, Any], held: bool) -> str:
+    notes = [] if held else ["NOT HELD"]
+    if _odd_metric(lv):
+        notes.append(str(lv["metric"]))
+    if _part_power(lv):
+        notes.append(f"power of {lv['power']['coverage']}")
+    return "; ".join(notes)
+
+
+def _itl(entry: dict[str, Any] | None) -> str:
+    """A level's inter-token latency, p50/p99 in ms, marked "(client)" when the servers have no histogram."""
+    if not entry:
+        return "-"
+    got = f"{_fmt(entry.get('p50'), 1)}/{_fmt(entry.get('p99'), 1)}"
+    return got if entry.get("source") == "server" else got + " (client)"
 
 
 def _part_power(lv: dict[str, Any]) -> bool:

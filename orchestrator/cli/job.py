@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from ..core.config import PRESETS, Backend, backends_from_env, load_job_file, settings_from
+from ..core.config import PRESETS, STREAM_SECTIONS, Backend, backends_from_env, load_job_file, settings_from
 from ..core.errors import TYPESET_FAILED_EXIT, ConfigError
 from ..core.profiles import PLANNING_STYLES, PROFILE_NAMES
 from ..engine import LOCAL_DEFAULT_SHAPE
@@ -91,6 +91,10 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", action="store_true",
                    help="keep the run's event stream, timestamped and compressed, in OUT/recording.jsonl.gz "
                    "(`handbook replay OUT` serves the live feed again from it)")
+    p.add_argument("--stream-sections", choices=STREAM_SECTIONS,
+                   help="always (default for a book: a stalled server is caught between chunks); auto (the "
+                   "library's default): stream only when the text is read as it arrives (the feed, --record), else "
+                   "one whole response per section (less client CPU); never")
     p.add_argument("--typeset-after-writing", action="store_true",
                    help="lay out the whole PDF after the last section (default: each section as soon as it is in, "
                    "on idle cores, at low priority)")
@@ -161,6 +165,7 @@ def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], A
         "pages": args.pages, "minutes": args.minutes, "forecast": args.forecast or None,
         "timeline": args.timeline or None,
         "typeset_while_writing": False if args.typeset_after_writing else None,
+        "stream_sections": args.stream_sections,
         "ladder": os.path.abspath(args.ladder) if args.ladder else None,  # a later `write` may run elsewhere
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})
@@ -263,7 +268,7 @@ def report(result) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..job.report import ROW_COLUMNS, power_line, row_cells, server_counted_line
+    from ..job.report import ROW_COLUMNS, power_line, readers_line, row_cells, server_counted_line
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     table = Table(title="handbook", show_lines=False)
@@ -271,7 +276,7 @@ def report(result) -> int:
         table.add_column(name, justify="right")
     table.add_row(*row_cells(result.stats))
     console.print(table)
-    for line in (server_counted_line(result.stats), power_line(result.stats)):
+    for line in (server_counted_line(result.stats), readers_line(result.stats), power_line(result.stats)):
         if line:
             console.print(line, markup=False)
     width = max((len(key) for key in result.paths), default=0)

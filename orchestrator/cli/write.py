@@ -81,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _planned_backends(out_dir: Path, cap: int, *, keep_cap: bool) -> list[Backend]:
     """No --backend and no $HANDBOOK_BACKENDS: the backends the plan was made on (none: the embedded engine),
-    each at the cap it had then unless ``--cap`` says otherwise (``keep_cap`` False)."""
+    each at the cap it had then unless ``--cap`` says otherwise (``keep_cap`` False), with the power page it was
+    given (``--power``)."""
     peeked = peek_job(out_dir / JOURNAL_FILE)
     if peeked is None:
         return []
-    return [Backend(str(b["url"]), cap=int(b.get("cap", cap)) if keep_cap else cap)
+    return [Backend(str(b["url"]), cap=int(b.get("cap", cap)) if keep_cap else cap,
+                    power=b["power"] if isinstance(b.get("power"), str) else None)
             for b in peeked[2] if isinstance(b, dict) and "url" in b]
 
 

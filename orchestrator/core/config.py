@@ -105,6 +105,11 @@ class Settings:
     # lay out each part of the PDF as soon as its last section is in (orchestrator/typeset/background.py); False:
     # the whole PDF after the last section, as before
     typeset_while_writing: bool = True
+    # Section requests: "always" (the default) streams them, so that a stalled server is caught within
+    # chunk_timeout_s; "auto" streams only when something reads their text as it arrives (the feed, --record, an
+    # on_event asking for deltas), else asks for one whole response (wire/whole.py: less client CPU, timed by the
+    # request's deadline alone: the library's default); "never". Planning always streams (the outline pipeline).
+    stream_sections: str = "always"
 
     def __post_init__(self) -> None:
         # Every path into Settings comes through here (Settings(...) by a library user, settings_from for the CLI's
@@ -148,6 +153,12 @@ class Settings:
             raise ConfigError(f"profile must be one of {', '.join(PROFILE_NAMES)}; got {self.profile!r}")
         if self.planning is not None and self.planning not in PLANNING_STYLES:
             raise ConfigError(f"planning must be one of {', '.join(PLANNING_STYLES)}; got {self.planning!r}")
+        if (got := self.stream_sections) not in STREAM_SECTIONS:
+            raise ConfigError(f"stream_sections must be one of {', '.join(STREAM_SECTIONS)}; got {got!r}")
+
+    def streams_sections(self, deltas: bool) -> bool:
+        """Whether section requests stream, given whether a consumer reads their text as it arrives."""
+        return self.stream_sections == "always" or (self.stream_sections == "auto" and deltas)
 
     def max_tokens_for(self, words: int) -> int:
         """The token cap of a section asked for ``words``: a length set in outline.md scales the cap with it, never
@@ -187,6 +198,8 @@ class Settings:
             out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
 
+
+STREAM_SECTIONS = ("auto", "always", "never")
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Every setting of the reference run (../shared/reference_run.json, fan_out_job).

@@ -29,6 +29,7 @@ class Reply:
     retry_after: float | None = None
     health: bool = False
     attempt: int = 1
+    streamed: bool = True  # False: read as one response, whose t_first is its end (no first token to see)
 
     @property
     def ok(self) -> bool:

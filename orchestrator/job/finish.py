@@ -127,6 +127,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
         resumed_sections=written.resumed_sections,
         server_counted=written.server_counted,
         power=written.power,
+        readers=written.readers,
         fleet=written.fleet,
         model=job.model,
         interrupted=stop is not None,

@@ -44,6 +44,7 @@ class JobRecord:
     resumed_sections: int = 0
     server_counted: dict[str, Any] | None = None
     power: dict[str, Any] | None = None  # metrics.power_figures over the writing (None: nothing was written)
+    readers: dict[str, Any] | None = None  # metrics.readers over the writing (None: nothing was written)
     fleet: tuple[BackendFigures, ...] = ()  # one per backend, in ``backends`` order (empty: not measured)
     model: str = ""
     interrupted: bool = False  # the run stopped before the book was done (Ctrl-C, every backend down)
@@ -117,6 +118,7 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "resumed_sections": rec.resumed_sections,
         "server_counted": rec.server_counted,
         **power_keys(rec.power),
+        "readers": rec.readers,
         "per_backend": per_backend,
         "failed_section_paths": failed,
         "warnings": usage_warnings(rec),
@@ -256,4 +258,26 @@ def server_counted_line(stats: dict[str, Any]) -> str | None:
     missing = sc.get("uncovered_backends") or ()
     if missing:
         line += "; not counted: " + "; ".join(f"{b['url']} ({b['reason']})" for b in missing)
+    return line
+
+
+def readers_line(stats: dict[str, Any]) -> str | None:
+    """The printed summary of ``stats["readers"]``: "each reader: N tok/s" beside the streams it is shared by, and
+    the latency percentiles, each group with its source (the servers' histograms, else the client's timing)."""
+    rd = stats.get("readers")
+    if not rd or rd.get("per_stream_tok_s") is None:
+        return None
+    rate = "server-counted" if rd.get("rate_source") == "server" else "client-timed"
+    line = (f"each reader: {rd['per_stream_tok_s']:,.1f} tok/s ({rd['rate_tok_s']:,.0f} tok/s {rate} over "
+            f"{rd['streams_in_flight']:,.1f} streams in flight, as the {rd['streams_source']} counts them)")
+    parts = []
+    for key, label, unit in (("ttft_s", "TTFT", "s"), ("itl_ms", "ITL", "ms"), ("e2e_s", "end to end", "s")):
+        entry = rd.get(key)
+        if not entry:
+            continue
+        ps = " ".join(f"{k} {v:,.3g} {unit}" for k, v in entry.items() if k.startswith("p") and v is not None)
+        src = f"server, {entry['coverage']}" if entry.get("source") == "server" else "client"
+        parts.append(f"{label} {ps} ({src})")
+    if parts:
+        line += "; " + ", ".join(parts)
     return line

@@ -158,7 +158,8 @@ async def session(
                 budget = await Budget.fit(settings, usable, out_dir)
                 job = job_for(budget.settings, budget)
             # what `handbook write` uses when given no backend (none recorded: the embedded engine)
-            job.journal.set_meta("backends", [{"url": b.url, "cap": b.cap} for b in bk] if backends else [])
+            job.journal.set_meta("backends", [{"url": b.url, "cap": b.cap} | ({"power": b.power} if b.power else {})
+                                              for b in bk] if backends else [])
             return await job.run(bk, usable)
     except BaseExceptionGroup as group:
         inner = unwrap(group)

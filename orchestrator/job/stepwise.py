@@ -39,7 +39,7 @@ OnEvent = Callable[[Event], None] | Sequence[Callable[[Event], None]] | None
 WRITE_OVERRIDES = frozenset({
     "api_key", "cap", "attempts", "connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "request_timeout_s",
     "metrics_interval_s", "interrupt_grace_s", "all_down_timeout_s", "formats", "ladder", "forecast", "timeline",
-    "typeset_while_writing",
+    "typeset_while_writing", "stream_sections",
 })
 
 

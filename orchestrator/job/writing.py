@@ -33,12 +33,13 @@ from ..core.states import NodeKind, Stop
 from ..dispatch.dispatcher import Dispatcher
 from ..dispatch.fleet import Fleet
 from ..dispatch.journal import Journal
+from ..metrics.readers import readers
 from ..planning import Planner
 from ..wire.client import BackendClient
 from .report import BackendFigures
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from ..metrics import MetricsSampler
 
@@ -68,6 +69,21 @@ class Written:
     stop: Stop | None = None
     all_down_error: str | None = None
     power: dict[str, Any] | None = None  # the GPUs' power over the writing (metrics.power_figures; None: not written)
+    readers: dict[str, Any] | None = None  # what each reader got over the writing (metrics.readers; None: not written)
+
+
+def readers_of(sampler: MetricsSampler, counted: dict[str, Any], replies: Sequence[tuple[str, Reply]], t0: float,
+               t1: float) -> dict[str, Any]:
+    """stats.json ``readers`` over the writing: the server-counted rate and latencies of the counted backends (the
+    whole fleet's latency only when every backend has the histograms), else the client's."""
+    covered = counted.get("covered_backends") if counted.get("available", True) else None
+    urls = covered or []
+    return readers(
+        [r for _, r in replies], t0, t1,
+        sustained_tok_s=counted.get("sustained_tok_s") if covered else None,
+        series={u: sampler.series[u] for u in urls}, histograms=sampler.histograms_of(),
+        sections=[r for k, r in replies if k == "section"],
+    )
 
 
 def stopped_message(journal: Journal, why: str) -> str:
@@ -142,12 +158,14 @@ class Writer:
                 raise Interrupted(stopped_message(journal, "stopped at once (second Ctrl-C)"))
             await sampler.sample_once()
             bg.cancel_scope.cancel()
-        counted = energy = None
+        counted = energy = each = None
         if self.t_write_start is not None:
             # Names the backends it covers (and why others are not), or says why nothing could be counted. The
             # sampler has stopped: no later sample could fall in the window, whenever it is closed.
-            counted = sampler.counted(self.t_write_start, self.t_write_end or time.monotonic())
-            energy = sampler.power_over(self.t_write_start, self.t_write_end or time.monotonic())
+            t0, t1 = self.t_write_start, self.t_write_end or time.monotonic()
+            counted = sampler.counted(t0, t1)
+            energy = sampler.power_over(t0, t1)
+            each = readers_of(sampler, counted, dispatcher.replies, t0, t1)
         return Written(
             outline=outline,
             sections=self.sections,
@@ -169,6 +187,7 @@ class Writer:
             stop=self.stop,
             all_down_error=None if fleet.all_down_error is None else str(fleet.all_down_error),
             power=energy,
+            readers=each,
         )
 
     async def _section(self, dispatcher: Dispatcher, ref: SectionRef, order: int) -> None:
@@ -182,6 +201,7 @@ class Writer:
         )
         messages = profile.messages(text)
         check = SectionCheck(ref.title)
+        stream = settings.streams_sections(dispatcher.wants_deltas)
 
         def build(client: BackendClient, attempt: int) -> dict:
             if self.t_write_start is None:  # the first section request actually sent
@@ -189,9 +209,9 @@ class Writer:
             if check.loop is not None:  # the one re-ask of a looping section: stronger settings
                 return client.body(messages, max_tokens=max_tokens,
                                    temperature=max(profile.temperature, profile.loop_temperature),
-                                   sampling=profile.loop_sampling())
+                                   sampling=profile.loop_sampling(), stream=stream)
             return client.body(messages, max_tokens=max_tokens, temperature=profile.temperature,
-                               sampling=profile.sampling())
+                               sampling=profile.sampling(), stream=stream)
 
         # One lookup decides resuming: the journal answers this section only if it was written for this very
         # title and context (book, part, chapter, words: Dispatcher.run), wherever an edited outline moved it;
@@ -238,7 +258,8 @@ class Writer:
         out = await dispatcher.run(
             ref.path, NodeKind.SECTION, ref.title,
             lambda client, attempt: client.body(follow, max_tokens=CONTINUATION_TOKENS,
-                                                temperature=profile.temperature, sampling=profile.sampling()),
+                                                temperature=profile.temperature, sampling=profile.sampling(),
+                                                stream=self.settings.streams_sections(dispatcher.wants_deltas)),
             priority=(1, 0), journaled=False,  # the section is journaled already; the finished text replaces it
         )
         if not out.reply.ok:

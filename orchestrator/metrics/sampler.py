@@ -17,6 +17,7 @@ import anyio
 
 from ..core.events import MetricsSample
 from .counters import GENERATION_NAMES, Counters, metrics_url, parse_metrics
+from .latency import HistogramSeries, parse_histograms
 from .power import PowerSampler
 from .series import (
     CachePoint,
@@ -41,7 +42,8 @@ class MetricsSampler:
     ``metric[url]`` is the generation metric a backend's page carried (None until one did); ``last_failure[url]``
     says, in words, why its last failed scrape failed. :meth:`counted` turns all of it into the ``stats.json``
     figures, naming the backends they cover. ``caches[url]`` keeps each backend's KV fill and prefix-cache
-    counters (:meth:`caches_over`).
+    counters (:meth:`caches_over`); ``histograms[url]`` the snapshots of its latency histograms (TTFT, ITL, end to
+    end: :mod:`~orchestrator.metrics.latency`), which :func:`~orchestrator.metrics.readers.readers` reads.
 
     ``power`` (url -> ``URL[#gpu=LABEL]`` or None, also settable later with :meth:`set_power`): the backends' GPU
     power pages (dcgm-exporter), scraped in the same rounds by a :class:`~orchestrator.metrics.power.PowerSampler`;
@@ -81,6 +83,7 @@ class MetricsSampler:
         self.last_failure: dict[str, str | None] = {u: None for u in self.urls}
         self.metric: dict[str, str | None] = {u: None for u in self.urls}
         self.caches: dict[str, list[CachePoint]] = {u: [] for u in self.urls}
+        self.histograms: dict[str, HistogramSeries] = {u: HistogramSeries() for u in self.urls}
         self.power = PowerSampler({u: (power or {}).get(u) for u in self.urls})
         self.rounds = 0
         self.latest: MetricsSample | None = None
@@ -173,6 +176,7 @@ class MetricsSampler:
                     text = await resp.text()
             t_recv = time.monotonic()
             counters = parse_metrics(text)
+            latency = parse_histograms(text)
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, _ScrapeError) as e:
             self.errors[url] += 1
             self.last_error[url] = f"{type(e).__name__}: {e}".rstrip(": ")
@@ -188,6 +192,7 @@ class MetricsSampler:
                 bisect.insort(points, p, key=lambda q: q[0])
             else:
                 points.append(p)
+        self.histograms[url].add(point[0], latency)
         return counters
 
     # -- coverage ---------------------------------------------------------------------------------------------
@@ -217,6 +222,10 @@ class MetricsSampler:
     def caches_over(self, t0: float, t1: float, urls: Sequence[str] | None = None) -> dict[str, Any]:
         """:func:`~orchestrator.metrics.series.cache_figures` over [t0, t1] of ``urls`` (default: every backend)."""
         return cache_figures({u: self.caches[u] for u in (self.urls if urls is None else urls)}, t0, t1)
+
+    def histograms_of(self, urls: Sequence[str] | None = None) -> dict[str, HistogramSeries]:
+        """The latency histograms' snapshots (:mod:`~orchestrator.metrics.latency`) of ``urls`` (default: all)."""
+        return {u: self.histograms[u] for u in (self.urls if urls is None else urls)}
 
     def tokens_over(self, t0: float, t1: float) -> dict[str, float]:
         """Each counted backend's server-counted tokens over [t0, t1]."""

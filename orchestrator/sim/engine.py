@@ -24,9 +24,41 @@ from dataclasses import dataclass
 
 from .power import PowerMeter
 
-# vLLM's buckets for vllm:time_to_first_token_seconds.
+# vLLM's buckets (vllm/v1/metrics/loggers.py) for vllm:time_to_first_token_seconds, ...
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+# ... vllm:inter_token_latency_seconds (one observation per running stream per step, the step's wall time) ...
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+# ... and vllm:e2e_request_latency_seconds (arrival to the last token, of requests that finished).
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+class Hist:
+    """One histogram's plain counts (per bucket, not cumulative; the last is +Inf), read at scrape time."""
+
+    __slots__ = ("bounds", "counts", "n", "total")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, seconds: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += times  # first bucket with seconds <= bound
+        self.total += seconds * times
+        self.n += times
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """Prometheus' buckets: (le, cumulative count), +Inf last."""
+        out, acc = [], 0
+        for b, k in zip(self.bounds, self.counts, strict=False):
+            acc += k
+            out.append((repr(float(b)), float(acc)))
+        out.append(("+Inf", float(self.n)))
+        return out
 
 
 @dataclass(frozen=True)
@@ -119,9 +151,11 @@ class Engine:
         self.busy_s = 0.0  # modelled wall seconds spent in steps
         self.late_s = 0.0  # how far steps slipped behind their deadlines, summed
         self.resyncs = 0  # times the schedule was reset because it fell too far behind
-        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
-        self.ttft_sum = 0.0
-        self.ttft_n = 0
+        self.ttft = Hist(TTFT_BUCKETS)
+        self.itl = Hist(ITL_BUCKETS)
+        self.e2e = Hist(E2E_BUCKETS)
+        self._t_step: float | None = None  # when the last step ended (for the ITL of the next)
+        self._admitted = 0  # streams admitted in the current step (their first token is no gap)
         self.power = PowerMeter(config.time_scale)  # the card's energy counter (power.py)
         self._idle = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -197,6 +231,7 @@ class Engine:
     def _admit(self) -> int:
         cfg = self.cfg
         prefill = 0
+        admitted = 0
         waiting = self.waiting
         k = self.step_no
         nb = len(self.buckets)
@@ -214,15 +249,11 @@ class Engine:
             self._sum_prompt += s.prompt_tokens
             self._sum_admit += k
             prefill += s.prompt_tokens
+            admitted += 1
+        self._admitted = admitted
         if prefill:
             self.prompt_tokens += prefill
         return prefill
-
-    def _observe_ttft(self, seconds: float) -> None:
-        i = bisect.bisect_left(TTFT_BUCKETS, seconds)  # the first bucket with seconds <= bound, else +Inf
-        self.ttft_counts[i] += 1
-        self.ttft_sum += seconds
-        self.ttft_n += 1
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -236,6 +267,7 @@ class Engine:
                 await self._idle.wait()
                 self.power.advance(0)
                 deadline = clock()
+                self._t_step = None
                 continue
             prefill = self._admit()
             dur = cfg.step_s(self.running, prefill)
@@ -252,6 +284,10 @@ class Engine:
                     self.resyncs += 1
             self.busy_s += dur
             self.power.advance(self.running)
+            end = clock()
+            if self._t_step is not None and self.running > self._admitted:  # each stream's gap since its last token
+                self.itl.observe(end - self._t_step, self.running - self._admitted)
+            self._t_step = end
             self._complete_step()
 
     def _call_sink(self, s: Stream, sink: Callable[[Stream], None]) -> None:
@@ -279,11 +315,12 @@ class Engine:
                 s.state = 3
                 s.count = s.n
                 s.done = True
+                if now is None:
+                    now = time.monotonic()
                 if s.t_first is None:
-                    if now is None:
-                        now = time.monotonic()
                     s.t_first = now
-                    self._observe_ttft(now - s.t_arrival)
+                    self.ttft.observe(now - s.t_arrival)
+                self.e2e.observe(now - s.t_arrival)
                 if s.sink is not None:
                     self._call_sink(s, s.sink)
                 s._wake()
@@ -293,7 +330,7 @@ class Engine:
                 if now is None:
                     now = time.monotonic()
                 s.t_first = now
-                self._observe_ttft(now - s.t_arrival)
+                self.ttft.observe(now - s.t_arrival)
             if s.sink is not None:
                 self._call_sink(s, s.sink)
             else:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .engine import TTFT_BUCKETS, Engine
+from .engine import Engine
 
 
 class _ModelConfig(Protocol):
@@ -73,16 +73,14 @@ class _Collector(Collector):
         s.add_metric([c.cfg.model, "stop"], float(c.finished["stop"]))
         s.add_metric([c.cfg.model, "length"], float(c.finished["length"]))
         yield s
-        h = HistogramMetricFamily("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                                  labels=labels)
-        acc = 0
-        buckets = []
-        for b, n in zip(TTFT_BUCKETS, e.ttft_counts, strict=False):
-            acc += n
-            buckets.append((repr(float(b)), float(acc)))
-        buckets.append(("+Inf", float(e.ttft_n)))
-        h.add_metric(val, buckets, e.ttft_sum)
-        yield h
+        for name, about, hist in (
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", e.ttft),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", e.itl),
+            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e.e2e),
+        ):
+            h = HistogramMetricFamily(name, about, labels=labels)
+            h.add_metric(val, hist.cumulative(), hist.total)
+            yield h
 
 
 class CardMetrics:

@@ -71,6 +71,7 @@ class Card:
         self.faults = Faults(cfg.fault_rates(), cfg.fault_seed, index)
         self._model_json = orjson.dumps(cfg.model)
         self.requests = 0
+        self.streamed = 0  # chat requests that asked for a stream (the rest asked for one whole response)
         self.completed = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -191,7 +192,7 @@ class Card:
         return {
             "card": self.index, "url": self.url, "power_url": self.power_url, "model": self.cfg.model,
             "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-            "requests": self.requests, "completed": self.completed,
+            "requests": self.requests, "completed": self.completed, "streamed": self.streamed,
             "generation_tokens": e.generation_tokens, "prompt_tokens": e.prompt_tokens,
             "completion_tokens_reported": self.completion_tokens,
             "running": e.running, "waiting": e.num_waiting, "kv_used": e.kv_used,
@@ -236,6 +237,8 @@ class Card:
         if refused is not None:
             return refused
         r = self._reply(ask, fault)
+        if ask.stream:
+            self.streamed += 1
         try:
             if ask.stream:
                 return await self._stream(request, r)

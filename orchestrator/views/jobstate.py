@@ -289,6 +289,16 @@ class JobState:
         return max(0.0, self.last_sample[1] - self.first_sample[1]) / dt
 
     @property
+    def per_reader(self) -> float | None:
+        """What each reader gets now: the last second's server-counted rate over the streams the same servers run
+        (their running gauges summed); None without both."""
+        if self.rate is None:
+            return None
+        running = [v.get("running") for v in self.servers.values() if v.get("tokens") is not None]
+        streams = sum(r for r in running if r is not None)
+        return self.rate / streams if streams else None
+
+    @property
     def rate_label(self) -> str:
         """What the rate is: "server-counted", or "server-counted (k of n backends)" when it is a partial sum."""
         k, n = self.counted_backends, self.metered_backends
@@ -337,6 +347,7 @@ class JobState:
             "rate_t": self.rate_t,
             "rate_so_far": self.rate_so_far,
             "rate_label": self.rate_label,
+            "per_reader": self.per_reader,
             "counted_backends": self.counted_backends,
             "metered_backends": self.metered_backends,
             "metered": self.samples > 0,

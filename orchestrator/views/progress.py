@@ -198,7 +198,9 @@ class TerminalProgress:
             else:
                 label = s.rate_label
                 partial = "" if label == "server-counted" else f" {label}"  # a fleet-wide rate needs no label
-                parts.append(f"rate {num(s.rate)} tok/s (so far {num(s.rate_so_far)}){partial}")
+                each = s.per_reader
+                reader = "" if each is None else f", each reader {each:,.1f} tok/s"
+                parts.append(f"rate {num(s.rate)} tok/s (so far {num(s.rate_so_far)}{reader}){partial}")
             flights = " ".join(
                 f"{short_url(u)}={s.inflight.get(u, 0)}" + ("" if s.health.get(u, (True, ""))[0] else "(down)")
                 for u in s.backends
@@ -290,6 +292,10 @@ def _rate_text(s: JobState) -> Text:
         rate.append(" last second · ")
         rate.append(f"{num(s.rate_so_far)} tok/s", style="magenta")
         rate.append(f" so far ({s.rate_label})")
+        each = s.per_reader
+        if each is not None:  # the reference's "thirteen for each reader": the rate over the streams it is shared by
+            rate.append(" · each reader ")
+            rate.append(f"{each:,.1f} tok/s", style="magenta")
     return rate
 
 

@@ -208,6 +208,7 @@ class BackendClient:
         try:
             with anyio.CancelScope() as scope:
                 watch = Watch(scope, t0, self.deadline_for(body), whole=body.get("stream") is not True)
+                st.whole = watch.whole
                 self._watches.add(watch)
                 return await self._stream(body, attempt, on_delta, t0, st, watch)
             # Only reached when the watchdog cancelled the scope.
@@ -307,6 +308,7 @@ class BackendClient:
             t_first=st.first,
             t_end=time.monotonic(),
             attempt=attempt,
+            streamed=not st.whole,
             **outcome,
         )
 

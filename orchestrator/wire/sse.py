@@ -59,7 +59,7 @@ class StreamState:
     request's; the stream is cut (MalformedStream) when it runs past it by more than the margin above."""
 
     __slots__ = ("chars", "completion_tokens", "deltas", "finish", "first", "max_bytes", "max_chars", "max_reported",
-                 "max_tokens", "parts", "prompt_tokens")
+                 "max_tokens", "parts", "prompt_tokens", "whole")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.parts: list[str] = []
@@ -67,6 +67,7 @@ class StreamState:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.first: float | None = None  # when the first content arrived
+        self.whole = False  # read as one response (wire/whole.py), not streamed
         self.deltas = 0  # content deltas so far
         self.chars = 0  # characters of content so far
         self.max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1 << 20

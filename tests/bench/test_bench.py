@@ -72,6 +72,27 @@ def test_fit_recovers_the_engine_model(one_card_ladder):
         assert lv["metric"] == "vllm:generation_tokens_total"
 
 
+def test_levels_carry_the_servers_latency_percentiles(one_card_ladder):
+    from orchestrator.sim.engine import ITL_BUCKETS
+
+    _, proc, ladder = one_card_ladder
+    for lv in ladder["levels"]:
+        for key, pcts in (("ttft_s", ("p50", "p95", "p99")), ("itl_ms", ("p50", "p99")),
+                          ("e2e_s", ("p50", "p95", "p99"))):
+            entry = lv[key]
+            if key == "e2e_s" and entry is None:  # no request of the level finished: 512 tokens outlive a level
+                continue
+            assert entry["source"] == "server" and entry["coverage"] == "1 of 1" and entry["n"] > 0, key
+            values = [entry[p] for p in pcts]
+            assert values == sorted(values), (key, values)
+        # each token's gap is one engine step: the median lies in the bucket that holds the level's step time
+        step_s = lv["step_ms"] / 1000.0
+        i = next(i for i, b in enumerate(ITL_BUCKETS) if step_s <= b)
+        lo = ITL_BUCKETS[i - 1] if i else 0.0
+        assert 1000 * lo <= lv["itl_ms"]["p50"] <= 1000 * ITL_BUCKETS[i], (lv["streams"], lv["itl_ms"], step_s)
+    assert "ITL p50/p99" in proc.stdout
+
+
 def test_best_second_never_below_sustained(one_card_ladder):
     _, _, ladder = one_card_ladder
     for lv in ladder["levels"]:

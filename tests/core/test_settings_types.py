@@ -41,6 +41,7 @@ WRONG = [
     ("pipeline", 0, "bool"),
     ("forecast", "yes", "bool"),
     ("typeset_while_writing", 0.0, "bool"),
+    ("stream_sections", True, "str"),
     ("parts", 2.5, "int"),
     ("parts", 3.0, "int"),
     ("parts", "8", "int"),
@@ -218,6 +219,7 @@ VALID: dict[str, typing.Any] = {
     "all_down_timeout_s": 1.5, "profile": "small", "top_p": 0.9, "repetition_penalty": 1.1,
     "frequency_penalty": -0.5, "system": "Be brief.", "planning": "list", "finish_truncated": True, "pages": 40,
     "minutes": 2, "ladder": "/tmp/ladder.json", "forecast": True, "timeline": True, "typeset_while_writing": False,
+    "stream_sections": "never",
 }
 
 
@@ -295,3 +297,15 @@ def test_a_zero_timeout_flag_exits_2():
 def test_paths_may_be_given_as_paths_and_are_kept_as_text(tmp_path: Path):
     s = Settings(templates=tmp_path, ladder=tmp_path / "ladder.json")  # type: ignore[arg-type]
     assert s.templates == str(tmp_path) and s.ladder == str(tmp_path / "ladder.json")
+
+
+def test_stream_sections_chooses_by_who_reads_the_text():
+    from orchestrator.core.config import Settings
+
+    assert Settings().stream_sections == "always"  # a book streams: a stalled server is caught between chunks
+    table = {(mode, deltas): Settings(stream_sections=mode).streams_sections(deltas)
+             for mode in ("auto", "always", "never") for deltas in (False, True)}
+    assert table == {("auto", False): False, ("auto", True): True, ("always", False): True, ("always", True): True,
+                     ("never", False): False, ("never", True): False}
+    with pytest.raises(ConfigError, match="stream_sections must be one of auto, always, never; got 'sometimes'"):
+        Settings(stream_sections="sometimes")

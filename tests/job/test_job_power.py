@@ -90,3 +90,16 @@ def test_bad_power_flags_exit_2_with_one_line(power, says, tmp_path):
     assert proc.returncode == 2, proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("handbook: error:")]
     assert len(errors) == 1 and says in errors[0] and "Traceback" not in proc.stderr
+
+
+def test_write_without_backends_keeps_the_power_pages_the_plan_was_given(cards, tmp_path):
+    out = tmp_path / "book"
+    argv = ["plan", "A handbook of kites", *SMALL, "--out", str(out)]
+    for url, power in zip(cards.urls, cards.power_urls, strict=True):
+        argv += ["--backend", url, "--power", power]
+    proc = handbook(*argv)
+    assert proc.returncode == 0, proc.stderr
+    proc = handbook("write", str(out), "-q")  # no --backend: the plan's backends, each with its power page
+    assert proc.returncode == 0, proc.stderr
+    p = stats_of(out)["power"]
+    assert p["available"] and p["coverage"] == "2 of 2 backends", p

@@ -123,11 +123,13 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
                     page,
                     "() => document.querySelectorAll('#feed .entry:not(.plan) h3').length >= 3"
                     " && /^[0-9,]+$/.test(document.getElementById('rate').textContent)"
-                    " && document.getElementById('rate').textContent !== '0'",
+                    " && document.getElementById('rate').textContent !== '0'"
+                    " && /^[0-9.,]+$/.test(document.getElementById('per-reader').textContent)",
                     within=120,
                 )
                 mid["finished_yet"] = job_done.is_set()
                 mid["rate"] = await page.text_content("#rate")
+                mid["per_reader"] = await page.text_content("#per-reader")
                 mid["titles"] = await page.locator("#feed .entry:not(.plan) h3").all_text_contents()
                 await page.screenshot(path=str(ARTIFACTS / "feed-sim-midrun.png"))
 
@@ -151,6 +153,9 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
             assert proxy.hijacked is not None
             assert mid["finished_yet"] is False, f"the job ({job_s:.1f} s) ended before the mid-run checks"
             assert int(str(mid["rate"]).replace(",", "")) > 0
+            # each reader: the rate over the streams running, so never above the fleet's rate
+            each = str(mid["per_reader"]).replace(",", "")
+            assert re.fullmatch(r"[0-9.]+", each) and 0 < float(each) <= int(str(mid["rate"]).replace(",", ""))
             section_titles = {t for p in result.outline.parts for c in p.chapters for t in c.sections}
             assert set(mid["titles"]) <= section_titles  # type: ignore[arg-type]
 

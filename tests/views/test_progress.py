@@ -75,7 +75,9 @@ def test_job_state_counts_what_the_events_say():
     assert s.rate == 1500.0
     assert s.rate_so_far == pytest.approx(3000.0 / 2.0)  # server counter: 3000 tokens over 2 s of samples
     assert s.server_tokens == 3000.0
+    assert s.per_reader == 750.0  # the counted rate over the 2 streams A reports running
     snap = s.snapshot()
+    assert snap["per_reader"] == 750.0
     assert snap["sections_done"] == 1 and snap["failed"] == 1
     assert [b["label"] for b in snap["backends"]] == ["gpu1:8000", "gpu2:8001"]
     assert snap["backends"][1]["healthy"] is False
@@ -114,7 +116,7 @@ def test_plain_lines_off_a_terminal():
     assert len(periodic) >= 2, text  # the timer printed at least once, stop() printed the last one
     last = periodic[0]  # printed while the job ran (the closing one, after JobFinished, has nothing in flight)
     assert "tokens 330" in last
-    assert "rate 1,500 tok/s (so far 1,500)" in last
+    assert "rate 1,500 tok/s (so far 1,500, each reader 750.0 tok/s)" in last
     assert re.search(r"in flight 2 \[gpu1:8000=2 gpu2:8001=0\(down\)\]", last), last
     assert "retries 1" in last and "failed 1" in last
     assert "in flight 0 " in periodic[-1]
@@ -204,7 +206,8 @@ def test_a_rate_over_some_backends_is_labelled_as_such():
     progress(MetricsSample(1.0, 600.0, None, partial))
     progress(MetricsSample(2.0, 1600.0, 1000.0, partial))
     line = progress.plain_line()
-    assert "rate 1,000 tok/s (so far 1,000) server-counted (1 of 2 backends)" in line, line
+    # each reader: the counted rate over the counted backend's streams only (B's 2 are not in its rate)
+    assert "rate 1,000 tok/s (so far 1,000, each reader 1,000.0 tok/s) server-counted (1 of 2 backends)" in line, line
     snap = progress.state.snapshot()
     assert snap["rate_label"] == "server-counted (1 of 2 backends)"
     assert (snap["counted_backends"], snap["metered_backends"]) == (1, 2)
