@@ -196,17 +196,13 @@ def test_clean_book_has_no_defects():
         assert j[key] == {"count": 0, "sections": []}
 
 
-def test_near_duplicates_find_identical_groups_and_are_fast():
-    import time
-
+def test_near_duplicates_find_identical_groups():
     texts = [prose(i, 300) for i in range(1536)]
     same = prose(5000, 200)
     for i in (10, 500, 1500):
         texts[i] = same  # three identical sections -> three pairs
     texts[700] = texts[701][: len(texts[701]) // 2]  # half of another: containment 1.0
-    t = time.perf_counter()
-    pairs = near_duplicates(texts)
-    assert time.perf_counter() - t < 10  # seconds, not minutes (about one on an idle core)
+    pairs = near_duplicates(texts)  # its speed: benchmarks/near_duplicates.py
     found = {(i, j) for i, j, _, _ in pairs}
     assert found == {(10, 500), (10, 1500), (500, 1500), (700, 701)}
 
