@@ -4,6 +4,7 @@ falls behind, with chunks/s, CPU and memory at each step.
     .venv/bin/python benchmarks/one_process_ceiling.py                     # 6, 12, 24, 48 cards, time-scale 4
     .venv/bin/python benchmarks/one_process_ceiling.py --quick             # 6 and 12 cards
     .venv/bin/python benchmarks/one_process_ceiling.py --cards 6,24 --time-scale 6 --json
+    .venv/bin/python benchmarks/one_process_ceiling.py --stream-sections never   # sections as whole responses
 
 Each step runs the real job (``agenerate``, ``formats=("md",)``, the published take's prompts, cap 256 per card) in
 a child process of its own, so that its peak RSS is its own, against N simulated cards at stream interval 1 (every
@@ -47,6 +48,9 @@ SIM_BEHIND_SHARE = 0.05  # the cards' late seconds over the job's model seconds
 
 
 # -- the child: one job, its own CPU, RSS and event-loop lag ---------------------------------------------------
+STREAM = ["always"]  # --stream-sections of the job (always: every chunk is read, the client's hardest case)
+
+
 def child(urls: list[str], words: int, max_tokens: int) -> dict:
     import anyio
 
@@ -59,7 +63,7 @@ def child(urls: list[str], words: int, max_tokens: int) -> dict:
     preset = dict(PRESETS["published-take"])
     prompt = preset.pop("prompt")
     preset.update(parts=cards, chapters=16, sections=16, words=words, max_tokens=max_tokens, cap=CARD_CAP)
-    settings = Settings(**preset, formats=("md",))
+    settings = Settings(**preset, formats=("md",), stream_sections=STREAM[0])
     lags: list[float] = []
     failures: dict[str, int] = {}  # why attempts failed: on fault-free cards, a failure is a finding
 
@@ -155,7 +159,7 @@ def step(cards: int, time_scale: float, words: int, max_tokens: int) -> dict:
         gen0 = sum(s["generation_tokens"] for s in fleet.all_stats())
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, __file__, "--child", ",".join(fleet.urls), "--words", str(words),
-                                 "--max-tokens", str(max_tokens)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 "--max-tokens", str(max_tokens), "--stream-sections", STREAM[0]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         samples: list[tuple[float, int, int]] = []  # (t, queued bytes, tokens the cards generated so far)
         while proc.poll() is None:
@@ -235,8 +239,11 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--stop-when-behind", action="store_true", help="no larger fleet once the client fell behind")
     ap.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    ap.add_argument("--stream-sections", choices=("always", "never"), default="always",
+                    help="never: sections as one whole response each (the library's default where nobody reads them)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # the job process: the fleet's URLs, comma-separated
     a = ap.parse_args()
+    STREAM[0] = a.stream_sections
     if a.child:
         print(json.dumps(child(a.child.split(","), a.words, a.max_tokens)))
         return 0

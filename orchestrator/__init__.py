@@ -2,7 +2,7 @@
 
 The public API::
 
-    from orchestrator import generate, agenerate, Backend, Settings
+    from orchestrator import generate, agenerate, generate_library, Backend, Settings
     result = generate("Write me a complete software engineering handbook",
                       backends=[Backend("http://gpu1:8000/v1", cap=256)],
                       settings=Settings(parts=8, chapters=12, sections=16), out="out/")
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
     from .core.outline import Chapter, Outline, Part
     from .forecasting import Forecast, StepFit
     from .job.finish import Result
+    from .job.library import LibraryResult, agenerate_library, generate_library
     from .job.run import agenerate, generate
     from .job.stepwise import aforecast, aplan, awrite, plan, write
     from .job.stepwise import forecast_of as forecast
@@ -64,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "Result": ".job.finish",
     **dict.fromkeys(["Forecast", "StepFit"], ".forecasting"),
     **dict.fromkeys(["agenerate", "generate"], ".job.run"),
+    **dict.fromkeys(["LibraryResult", "agenerate_library", "generate_library"], ".job.library"),
     **dict.fromkeys(["aforecast", "aplan", "awrite", "plan", "write"], ".job.stepwise"),
     "forecast": ".job.stepwise:forecast_of",  # the module orchestrator.forecasting is the model; this is the call
 }
@@ -85,6 +87,7 @@ __all__ = [
     "JobFinished",
     "JobStarted",
     "LevelPlanned",
+    "LibraryResult",
     "MetricsSample",
     "NodeFailed",
     "NodeFinished",
@@ -99,10 +102,12 @@ __all__ = [
     "StepFit",
     "aforecast",
     "agenerate",
+    "agenerate_library",
     "aplan",
     "awrite",
     "forecast",
     "generate",
+    "generate_library",
     "plan",
     "write",
 ]

@@ -14,6 +14,7 @@ Modes:
   retry-after  the first ``stall_count`` chat requests get 429 with ``Retry-After: retry_after``; then normal
   repeats      like ``ok``, but at temperature 0 every title list repeats its first title (as a small model does);
                at a temperature above 0 the titles are distinct
+  (every mode answers ``"stream": false`` with one chat.completion, the same text, after the same stall or delays)
   ok           a minimal well-behaved server: JSON title lists ("Part topic 1", "Chapter topic 1", "Section
                topic 1", ...) and prose; sections titled in ``fail_sections`` always come back empty
 """
@@ -95,7 +96,23 @@ class FakeServer(LocalHTTPServer):
             with self._lock:
                 self.sections_started += 1
             delay = self.section_chunk_delay
+        if req.get("stream") is not True:  # one whole response (a library's unstreamed sections)
+            if self.mode == "stall" and n <= self.stall_count:
+                time.sleep(self.stall_s)
+            time.sleep(delay * max(1, len(text) // 16))
+            self._whole(h, text)
+            return
         self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count, delay=delay)
+
+    def _whole(self, h, text: str) -> None:
+        body = {"id": "x", "object": "chat.completion", "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text) // 4),
+                          "total_tokens": 10 + len(text) // 4}}
+        try:
+            self._send(h, 200, json.dumps(body).encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def _answer(self, req: dict) -> str:
         rf = req.get("response_format") or {}

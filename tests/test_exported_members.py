@@ -13,9 +13,10 @@ import pytest
 EXPORTED = {
     "orchestrator": [
         "PRESETS", "Backend", "BackendError", "BackendState", "Chapter", "ConfigError", "Delta", "Event", "Forecast",
-        "ForecastReady", "HandbookError", "InternalError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "MetricsSample",
+        "ForecastReady", "HandbookError", "InternalError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "LibraryResult", "MetricsSample",
         "NodeFailed", "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "OutputError", "Part", "PlanError", "Result",
-        "Settings", "StepFit", "aforecast", "agenerate", "aplan", "awrite", "forecast", "generate", "plan", "write",
+        "Settings", "StepFit", "aforecast", "agenerate", "agenerate_library", "aplan", "awrite", "forecast", "generate", "generate_library",
+        "plan", "write",
     ],
     "orchestrator.typeset": ["TypesetInfo", "typeset", "typeset_to"],
     "orchestrator.bench": [

@@ -19,12 +19,16 @@ SUBCOMMANDS = {
     "typeset": ("orchestrator.cli.typeset", "typeset existing Markdown into an A5 PDF"),
     "engine": ("orchestrator.cli.engine", "start, stop or inspect the embedded local engine"),
     "replay": ("orchestrator.cli.replay", "serve the live feed again from a run's --record recording"),
+    "library": ("orchestrator.cli.library", "many books over one fleet: FILE (JSONL or text, a book a line) -> DIR"),
+    "library merge": ("orchestrator.cli.library_merge", "merge the shards of one library into DIR"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:2] == ["library", "merge"]:
+            argv = ["library merge", *argv[2:]]
         if argv and argv[0] in SUBCOMMANDS:
             module_name, help_text = SUBCOMMANDS[argv[0]]
             module = importlib.import_module(module_name)

@@ -60,8 +60,11 @@ class Dispatcher:
     ``resumed_levels`` by planning level (0 book, 1 part, 2 chapter, 3 section)."""
 
     def __init__(self, fleet: Fleet, emit: Callable[[Any], None], attempts: int, wants_deltas: bool, *,
-                 journal: Journal | None = None):
+                 journal: Journal | None = None, rank: int = 0):
         self.fleet = fleet
+        # A library's books share one fleet: the book's place in it sits between a request's kind and its order, so
+        # that every book's planning goes first, then the oldest book's sections (Fleet.lease orders by priority).
+        self.rank = rank
         self.emit = emit
         self.attempts = attempts
         self.wants_deltas = wants_deltas
@@ -185,7 +188,8 @@ class Dispatcher:
     async def _attempt(self, node: _Node[T]) -> tuple[Reply, T | None]:
         node.attempts += 1
         n = node.attempts
-        async with self.fleet.lease(node.priority) as client:
+        kind, *order = node.priority
+        async with self.fleet.lease((kind, self.rank, *order)) as client:
             self.emit(NodeStarted(node.path, node.kind, node.title, client.url, n, time.monotonic()))
             # more than one reply when a structured request was refused and sent again in text (client.send)
             *refused, reply = await client.send(partial(self._body, node, client, n), attempt=n,

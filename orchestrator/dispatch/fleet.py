@@ -48,7 +48,7 @@ class BackendLoad:
 
 @dataclass(order=True)
 class _Waiter:
-    priority: tuple[int, int]
+    priority: tuple[int, ...]
     seq: int
     event: anyio.Event = field(compare=False)
     granted: int | None = field(default=None, compare=False)
@@ -125,7 +125,7 @@ class Fleet:
             w.event.set()
 
     @asynccontextmanager
-    async def lease(self, priority: tuple[int, int] = (1, 0)):
+    async def lease(self, priority: tuple[int, ...] = (1, 0)):
         """Hold one slot on some healthy backend for the duration of the block."""
         i = None if self._waiters or self.stopped else self._pick()
         if i is not None:

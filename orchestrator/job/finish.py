@@ -49,6 +49,7 @@ class Result:
     failed_sections: tuple[str, ...] = field(default=())
     interrupted: bool = False
     typeset_error: str | None = None  # book.html/book.pdf could not be made; everything else was written
+    book: Book | None = field(default=None, repr=False, compare=False)  # the assembled book (a library's dataset)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,8 @@ async def publish(job: JobInfo, draft: Draft, bus: Callable[[Event], None],
         _write_stats(job.out_dir, stats, draft.paths)
     bus(JobFinished(stats, draft.complete, time.monotonic()))
     return Result(draft.book.markdown, draft.book.outline, stats, draft.defects, draft.paths, draft.complete,
-                  draft.failed, interrupted=draft.stop == Stop.INTERRUPT, typeset_error=typeset_error)
+                  draft.failed, interrupted=draft.stop == Stop.INTERRUPT, typeset_error=typeset_error,
+                  book=draft.book)
 
 
 async def _typeset(job: JobInfo, book: Book, paths: dict[str, Path], record: JobRecord,

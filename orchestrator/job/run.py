@@ -10,15 +10,16 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
-from ..core.config import Backend, Settings, slugify
+from ..core.config import Backend, Settings
 from ..core.errors import (
     BackendError,
     ConfigError,
@@ -30,7 +31,7 @@ from ..core.errors import (
     unwrap,
 )
 from ..core.events import Event, ForecastReady, JobStarted
-from ..core.osutil import ensure_open_files, prepare_out_dir
+from ..core.osutil import ensure_open_files
 from ..core.outline import Outline
 from ..core.profiles import resolve_profile
 from ..core.prompts import render
@@ -46,6 +47,8 @@ from ..wire.sseproto import event_loop_options
 from .connect import backends_up, discover_all, open_clients
 from .finish import JobInfo, Planned, Result, publish, save_book, save_plan, write_json
 from .forecast_file import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
+from .options import Bus as _Bus
+from .options import Mode, Options, SharedFleet, default_out, prepare_out
 from .writing import Writer, stopped_message
 
 if TYPE_CHECKING:
@@ -54,28 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("handbook")
 
-
-class _Bus:
-    """Fans events out to consumers; a consumer that raises is reported once and dropped, never kills the job."""
-
-    def __init__(self, consumers: Sequence[Callable[[Event], None]]):
-        self.consumers = list(consumers)
-
-    def __call__(self, event: Event) -> None:
-        for c in list(self.consumers):
-            try:
-                c(event)
-            except Exception as e:  # a display bug must not lose the book
-                log.warning("an event consumer failed and was detached: %s: %s", type(e).__name__, e)
-                self.consumers.remove(c)
-
-
-def default_out(prompt: str) -> Path:
-    return Path("handbook-out") / slugify(prompt)
-
-
-def prepare_out(out: str | os.PathLike | None, prompt: str) -> Path:
-    return prepare_out_dir(out if out is not None else default_out(prompt))
+__all__ = ["Mode", "Options", "SharedFleet", "agenerate", "default_out", "generate", "session"]
 
 
 async def agenerate(
@@ -99,25 +81,6 @@ async def agenerate(
                            Options(deltas=deltas, fresh=fresh, handle_sigint=handle_sigint))
     assert isinstance(result, Result)
     return result
-
-
-@dataclass(frozen=True)
-class Mode:
-    """What a session does: the whole job (the default); ``plan_only``: the outline and its forecast (`handbook
-    plan`); ``outline``: write this outline instead of planning one (`handbook write`, from outline.md)."""
-
-    plan_only: bool = False
-    outline: Outline | None = None
-
-
-@dataclass(frozen=True)
-class Options:
-    """How a session runs, whatever its Mode: ``deltas``: a Delta event for every piece of streamed text;
-    ``fresh``: ignore the journal in the out dir; ``handle_sigint``: take over Ctrl-C (see ``agenerate``)."""
-
-    deltas: bool = False
-    fresh: bool = False
-    handle_sigint: bool = False
 
 
 async def session(
@@ -151,6 +114,9 @@ async def session(
 
     job = job_for(settings, budget) if budget is not None or not budgeted else None
     try:
+        if options.shared is not None:  # a library's book: its backends are up and discovered already
+            job = job or job_for(settings, None)
+            return await job.run([b for b, _ in options.shared.usable], options.shared.usable)
         async with backends_up(backends, settings) as bk:
             usable = None
             if job is None:
@@ -259,6 +225,7 @@ class _Job:
         self.journal = journal
         self.deltas = options.deltas
         self.handle_sigint = options.handle_sigint
+        self.shared = options.shared
         self.status: RunStatus = RunStatus.ABORTED
         self.requests = 0
         self.no_forecast: str | None = None
@@ -271,11 +238,15 @@ class _Job:
         journal.check_model(",".join(sorted({model for _, model in usable})))
         if journal.failure is not None:  # the journal cannot be written: no request is sent for text it cannot keep
             raise journal.failure
-        caps = ensure_open_files([b.cap for b, _ in usable])
+        caps = self.shared.caps if self.shared else ensure_open_files([b.cap for b, _ in usable])
         urls = tuple(b.url for b, _ in usable)
-        with _output_errors(journal):  # forecast.json
-            fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
-        timeline = RunTimeline(caps=dict(zip(urls, caps, strict=True))) if settings.timeline else None  # --timeline
+        fits: list[StepFit] = []
+        forecast = None
+        if self.shared is None:  # a library forecasts the library, not each book
+            with _output_errors(journal):  # forecast.json
+                fits, forecast = await self._forecast(usable)  # a probe's seconds are not the job's: before JobStarted
+        timeline = (RunTimeline(caps=dict(zip(urls, caps, strict=True)))  # --timeline
+                    if settings.timeline and self.shared is None else None)
         if timeline is not None:
             bus.consumers.append(timeline)
         t_start = time.monotonic()
@@ -289,7 +260,8 @@ class _Job:
 
         if self.mode == Mode() and journal.outline is not None:
             _warn_if_edited(self.out_dir, journal.outline)
-        writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint)
+        writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint,
+                        shared=self.shared is not None)
         from ..typeset.background import for_job  # typesetting while writing: None when it cannot help
 
         background = None if self.mode.plan_only else for_job(settings)
@@ -310,10 +282,15 @@ class _Job:
         job, writer, background = setup.job, setup.writer, setup.background
         from ..metrics import MetricsSampler
 
-        async with open_clients(setup.usable, settings) as clients:
-            fleet = Fleet(clients, setup.caps, bus, all_down_timeout=settings.all_down_timeout_s)
-            dispatcher = Dispatcher(fleet, bus, settings.attempts, self.deltas, journal=journal)
-            sampler = MetricsSampler(job.backends, interval=settings.metrics_interval_s, on_sample=bus)
+        async with AsyncExitStack() as stack:
+            if self.shared is not None:
+                fleet, sampler, rank = self.shared.fleet, self.shared.sampler, self.shared.rank
+            else:
+                clients = await stack.enter_async_context(open_clients(setup.usable, settings))
+                fleet = Fleet(clients, setup.caps, bus, all_down_timeout=settings.all_down_timeout_s)
+                sampler = MetricsSampler(job.backends, interval=settings.metrics_interval_s, on_sample=bus)
+                rank = 0
+            dispatcher = Dispatcher(fleet, bus, settings.attempts, self.deltas, journal=journal, rank=rank)
             planner = Planner(dispatcher, self.prompt, settings, bus, settings.templates, profile=setup.profile)
             try:
                 written = await writer.run(fleet, dispatcher, planner, sampler, outline=self.mode.outline,
@@ -335,7 +312,10 @@ class _Job:
                 raise BackendError(stopped_message(journal, str(written.all_down_error)))
             return planned
         with _output_errors(journal):
-            draft = save_book(job, written, tuple(plan_levels), journal.path)
+            if self.shared is not None:  # a library's book: assembly and its defect report off the shared loop
+                draft = await anyio.to_thread.run_sync(save_book, job, written, tuple(plan_levels), journal.path)
+            else:
+                draft = save_book(job, written, tuple(plan_levels), journal.path)
         self.status = draft.status
         journal.end_run(self.status, self.requests)
         with _output_errors(journal):

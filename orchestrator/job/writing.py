@@ -72,6 +72,11 @@ class Written:
     readers: dict[str, Any] | None = None  # what each reader got over the writing (metrics.readers; None: not written)
 
 
+# a library book's server-counted figures: the fleet's counters count every book of the library at once
+SHARED: dict[str, Any] = {"available": False, "reason": "the fleet was shared by the library's books: the library's "
+                          "stats.json counts them"}
+
+
 def readers_of(sampler: MetricsSampler, counted: dict[str, Any], replies: Sequence[tuple[str, Reply]], t0: float,
                t1: float) -> dict[str, Any]:
     """stats.json ``readers`` over the writing: the server-counted rate and latencies of the counted backends (the
@@ -95,8 +100,11 @@ class Writer:
     "output" (the journal cannot be written)."""
 
     def __init__(self, settings: Settings, profile: Profile, bus: Callable[[Event], None], journal: Journal, *,
-                 handle_sigint: bool):
+                 handle_sigint: bool, shared: bool = False):
         self.settings = settings
+        # one book of a library (job/library.py): the fleet and the sampler are the library's, already running, and
+        # their counters count every book's tokens, so this book's stats name no server-counted figure of its own
+        self.shared = shared
         self.profile = profile
         self.bus = bus
         self.journal = journal
@@ -122,11 +130,12 @@ class Writer:
             outline = journal.outline
         t_titles: float | None = None
         power = {load.client.backend.url: load.client.backend.power for load in fleet.loads}
-        if any(power.values()):  # the backends' --power pages, scraped in the sampler's rounds
+        if any(power.values()) and not self.shared:  # the backends' --power pages, scraped in the sampler's rounds
             sampler.set_power(power)
         async with anyio.create_task_group() as bg:
-            await bg.start(fleet.run)
-            bg.start_soon(sampler.run)
+            if not self.shared:
+                await bg.start(fleet.run)
+                bg.start_soon(sampler.run)
             with anyio.CancelScope() as writing:
                 bg.start_soon(self._watch_all_down, fleet, writing)
                 bg.start_soon(self._watch_journal, fleet, writing)
@@ -156,16 +165,10 @@ class Writer:
                             work.start_soon(self._section, dispatcher, ref, order)
             if self.stop == Stop.CANCEL:
                 raise Interrupted(stopped_message(journal, "stopped at once (second Ctrl-C)"))
-            await sampler.sample_once()
+            if not self.shared:
+                await sampler.sample_once()
             bg.cancel_scope.cancel()
-        counted = energy = each = None
-        if self.t_write_start is not None:
-            # Names the backends it covers (and why others are not), or says why nothing could be counted. The
-            # sampler has stopped: no later sample could fall in the window, whenever it is closed.
-            t0, t1 = self.t_write_start, self.t_write_end or time.monotonic()
-            counted = sampler.counted(t0, t1)
-            energy = sampler.power_over(t0, t1)
-            each = readers_of(sampler, counted, dispatcher.replies, t0, t1)
+        counted, energy, each = self._figures(sampler, dispatcher)
         return Written(
             outline=outline,
             sections=self.sections,
@@ -189,6 +192,18 @@ class Writer:
             power=energy,
             readers=each,
         )
+
+    def _figures(self, sampler: MetricsSampler, dispatcher: Dispatcher) -> tuple[Any, Any, Any]:
+        """(server_counted, power, readers) over the writing; None each when nothing was written."""
+        if self.shared:
+            return SHARED, SHARED, None
+        if self.t_write_start is None:
+            return None, None, None
+        # Names the backends it covers (and why others are not), or says why nothing could be counted. The sampler
+        # has stopped: no later sample could fall in the window, whenever it is closed.
+        t0, t1 = self.t_write_start, self.t_write_end or time.monotonic()
+        counted = sampler.counted(t0, t1)
+        return counted, sampler.power_over(t0, t1), readers_of(sampler, counted, dispatcher.replies, t0, t1)
 
     async def _section(self, dispatcher: Dispatcher, ref: SectionRef, order: int) -> None:
         settings, profile = self.settings, self.profile

@@ -1,0 +1,399 @@
+"""A library's dataset: ``sections.parquet`` (a row per section) and ``books.parquet`` (a row per book), written
+with pyarrow as books finish, in row groups, never the whole dataset in memory; ``jsonl`` mirrors both.
+
+Rows go to ``NAME.part``, renamed over ``NAME`` on :meth:`DatasetWriter.close`: a crash leaves the previous complete
+dataset. A closed parquet file cannot be appended to, so a resumed run writes the files again: ``carry_over`` copies
+the previous dataset's rows of the books the journal says are finished (same id and key), row group by row group;
+the runner adds (``add_book``) the finished books that file lacks (finished after its last close) from the
+journal, then each book as it finishes. :func:`rebuild` makes a dataset from rows alone; :func:`merge` joins a
+library's shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..book.assemble import Book, count_words
+from ..core.errors import ConfigError
+from .library_input import DigestSet, id_digest
+
+__all__ = ["BOOK_SCHEMA", "SECTION_SCHEMA", "BookRow", "DatasetWriter", "SectionRow", "book_row", "merge",
+           "merge_stats", "rebuild", "section_rows"]
+
+ROWS_PER_GROUP = 1000  # sections a row group holds: ~1,000 x 2 KB of text, a few MB of buffer
+FORMATS = ("parquet", "jsonl")
+TABLES = ("sections", "books")
+_MERGE_FILES = ("sections.parquet", "books.parquet", "stats.json")
+
+
+@dataclass(frozen=True)
+class SectionRow:
+    """One section of one book. ``text``: the answer as generated (book.md prints it cut back where the token
+    cap stopped it: ``finish_reason`` "length"); a failed section has ``text`` '' and ``error`` set. ``t_start`` and
+    ``t_end``: Unix time in seconds of its answering attempt (None: not known)."""
+
+    book_id: str
+    prompt: str
+    book_title: str
+    part: str
+    chapter: str
+    section: str
+    path: str  # "3.7.12": part, chapter, section, 1-based
+    text: str
+    words: int
+    tokens: int
+    finish_reason: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    attempts: int = 1
+    t_start: float | None = None
+    t_end: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class BookRow:
+    """One book. ``shape``: (parts, chapters, sections) counted over its outline; ``status``: "complete", "failed"
+    (a section failed or came back empty) or "incomplete" (:func:`book_row`); ``folder``: books/<id>, relative to
+    the library's folder (so it stays true after a merge); ``files``: the names in it; ``key``: the line's book key
+    (library_input.book_key)."""
+
+    id: str
+    key: str
+    prompt: str
+    title: str
+    shape: tuple[int, ...]
+    sections: int
+    words: int
+    tokens: int
+    status: str
+    folder: str
+    files: tuple[str, ...] = ()
+
+
+SECTION_SCHEMA = pa.schema([
+    ("book_id", pa.string()), ("prompt", pa.string()), ("book_title", pa.string()), ("part", pa.string()),
+    ("chapter", pa.string()), ("section", pa.string()), ("path", pa.string()), ("text", pa.string()),
+    ("words", pa.int64()), ("tokens", pa.int64()), ("finish_reason", pa.string()), ("backend", pa.string()),
+    ("model", pa.string()), ("attempts", pa.int64()), ("t_start", pa.float64()), ("t_end", pa.float64()),
+    ("error", pa.string()),
+])
+BOOK_SCHEMA = pa.schema([
+    ("id", pa.string()), ("key", pa.string()), ("prompt", pa.string()), ("title", pa.string()),
+    ("shape", pa.list_(pa.int64())), ("sections", pa.int64()), ("words", pa.int64()), ("tokens", pa.int64()),
+    ("status", pa.string()), ("folder", pa.string()), ("files", pa.list_(pa.string())),
+])
+_SCHEMAS = {"sections": SECTION_SCHEMA, "books": BOOK_SCHEMA}
+_ID_COLUMN = {"sections": "book_id", "books": "id"}
+
+
+def section_rows(book_id: str, prompt: str, book: Book, *, model: str | None = None,
+                 attempts: Mapping[str, int] | None = None,
+                 times: Mapping[str, tuple[float, float]] | None = None) -> tuple[SectionRow, ...]:
+    """The rows of a finished book, in outline order; ``attempts`` and ``times`` by section path (the journal's)."""
+    rows = []
+    for s in book.sections:
+        t0, t1 = (times or {}).get(s.path, (None, None))
+        rows.append(SectionRow(book_id, prompt, book.outline.title, s.part, s.chapter, s.title, s.path, s.text,
+                               count_words(s.text), s.completion_tokens, s.finish_reason, s.backend, model,
+                               (attempts or {}).get(s.path, 1), t0, t1, None if s.error is None else str(s.error)))
+    return tuple(rows)
+
+
+def book_row(book_id: str, key: str, prompt: str, book: Book, *, folder: str, files: Sequence[str] = ()) -> BookRow:
+    """A finished book's row; its status "failed" when a section failed or came back empty, "incomplete" when one
+    was never written (interrupted: a finished book has none), else "complete"."""
+    status = ("failed" if any(s.failed or s.empty for s in book.sections)
+              else "incomplete" if any(s.error is not None for s in book.sections) else "complete")
+    return BookRow(book_id, key, prompt, book.outline.title, book.outline.shape, len(book.sections), book.words,
+                   sum(s.completion_tokens for s in book.sections), status, folder, tuple(files))
+
+
+def _table(rows: Sequence[Any], schema: pa.Schema) -> pa.Table:
+    return pa.table({name: [getattr(r, name) for r in rows] for name in schema.names}, schema=schema)
+
+
+class _Sink:
+    """One table of the dataset: rows buffered, written a row group of ``rows_per_group`` at a time to NAME.part
+    (and its jsonl mirror), renamed over NAME by :meth:`close`."""
+
+    def __init__(self, out_dir: Path, name: str, jsonl: bool, rows_per_group: int):
+        self.schema = _SCHEMAS[name]
+        self.final = [out_dir / f"{name}.parquet"] + ([out_dir / f"{name}.jsonl"] if jsonl else [])
+        self.parts = [p.with_name(p.name + ".part") for p in self.final]
+        self.rows_per_group = rows_per_group
+        self.buffer: list[pa.Table] = []
+        self.buffered = 0
+        self.writer = pq.ParquetWriter(self.parts[0], self.schema, compression="zstd")
+        self.jsonl = open(self.parts[1], "wb") if jsonl else None  # closed in close/abort
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.buffer.append(table)
+            self.buffered += table.num_rows
+        while self.buffered >= self.rows_per_group:
+            self._flush(self.rows_per_group)
+
+    def _flush(self, rows: int) -> None:
+        """Write the first ``rows`` buffered rows as one row group; keep the rest."""
+        table = pa.concat_tables(self.buffer)
+        head, rest = table.slice(0, rows), table.slice(rows)
+        self.writer.write_table(head, row_group_size=max(rows, 1))
+        if self.jsonl is not None:
+            for batch in head.to_batches(max_chunksize=256):
+                self.jsonl.write(b"".join(orjson.dumps(r) + b"\n" for r in batch.to_pylist()))
+        self.buffer, self.buffered = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def finish(self) -> None:
+        """Write what is buffered and close the .part files, on disk (fsync)."""
+        if self.buffered:
+            self._flush(self.buffered)
+        self.writer.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        for part in self.parts:
+            with open(part, "rb+") as fh:
+                os.fsync(fh.fileno())
+
+    def publish(self) -> None:
+        for part, final in zip(self.parts, self.final):
+            os.replace(part, final)
+        if self.jsonl is None:  # a mirror an earlier run asked for, and this one not: it would go stale
+            self.final[0].with_suffix(".jsonl").unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError, pa.ArrowException):  # a full disk may fail the close too
+            self.writer.close()
+            if self.jsonl is not None:
+                self.jsonl.close()
+        for part in self.parts:
+            part.unlink(missing_ok=True)
+
+
+class DatasetWriter:
+    """The dataset of one library folder, written as books finish. ``formats``: "parquet" (always written: it is
+    what a resume carries over from) and optionally "jsonl". Use as a context manager, or call :meth:`close`
+    (publish) or :meth:`abort` (leave the previous dataset as it was); leaving ``with`` on an exception aborts."""
+
+    def __init__(self, out_dir: str | Path, formats: Sequence[str] = ("parquet",), *,
+                 rows_per_group: int = ROWS_PER_GROUP):
+        bad = [f for f in formats if f not in FORMATS]
+        if bad or not formats:
+            raise ConfigError(f"--dataset: expected any of {','.join(FORMATS)}; got {','.join(formats) or 'nothing'}")
+        if rows_per_group < 1:
+            raise ValueError(f"rows_per_group must be at least 1, got {rows_per_group}")
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        jsonl = "jsonl" in formats
+        self.sinks = {"sections": _Sink(self.out_dir, "sections", jsonl, rows_per_group),
+                      "books": _Sink(self.out_dir, "books", jsonl, rows_per_group)}
+        self.ids: set[str] = set()
+        self.closed = False
+
+    def add_book(self, book: BookRow, sections: Sequence[SectionRow]) -> None:
+        """Append one finished book: its row and its sections' rows."""
+        if book.id in self.ids:
+            raise ValueError(f"book {book.id!r} is in the dataset already")
+        if any(s.book_id != book.id for s in sections):
+            raise ValueError(f"a section row of book {book.id!r} names another book")
+        self.ids.add(book.id)
+        self.sinks["sections"].add(_table(sections, SECTION_SCHEMA))
+        self.sinks["books"].add(_table([book], BOOK_SCHEMA))
+
+    def carry_over(self, keep: Mapping[str, str]) -> set[str]:
+        """Copy from the folder's previous complete dataset the books of ``keep`` (id -> key) whose key still is
+        that one; returns their ids. Nothing (an empty set) when there is no previous dataset or it cannot be read:
+        the runner then adds those books from the journal."""
+        try:
+            found = {i for i, k in _ids_and_keys(self.out_dir / "books.parquet") if keep.get(i) == k} - self.ids
+        except (OSError, pa.ArrowException, KeyError):
+            return set()
+        if found:  # a file whose ids could be read but not its rows is damaged beyond a rebuild: that error is raised
+            self.copy_from(self.out_dir, found)
+        self.ids |= found
+        return found
+
+    def copy_from(self, source: Path, only: set[str] | None = None) -> None:
+        """Every row group of ``source``'s two tables (of the books in ``only``, when given), in file order."""
+        ids = pa.array(sorted(only), pa.string()) if only is not None else None
+        for name in TABLES:
+            for table in _row_groups(source / f"{name}.parquet", _SCHEMAS[name]):
+                if ids is not None:
+                    table = table.filter(pc.is_in(table[_ID_COLUMN[name]], value_set=ids))
+                self.sinks[name].add(table)
+
+    def close(self) -> dict[str, Path]:
+        """Write what is buffered, then publish the files by rename (sections before books: a crash between the two
+        renames leaves sections.parquet a superset of books.parquet). Returns them by name."""
+        if not self.closed:
+            for sink in self.sinks.values():
+                sink.finish()
+            for name in TABLES:
+                self.sinks[name].publish()
+            self.closed = True
+        return {p.name: p for s in self.sinks.values() for p in s.final}
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for sink in self.sinks.values():
+                sink.abort()
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.abort()
+            raise
+
+
+def _row_groups(path: Path, schema: pa.Schema) -> Iterator[pa.Table]:
+    """The row groups of a dataset file one at a time, in our schema (columns in order, types cast)."""
+    f = pq.ParquetFile(path)
+    for i in range(f.num_row_groups):
+        yield f.read_row_group(i, columns=schema.names).select(schema.names).cast(schema)
+
+
+def _ids_and_keys(path: Path) -> Iterator[tuple[str, str]]:
+    f = pq.ParquetFile(path)
+    for i in range(f.num_row_groups):
+        t = f.read_row_group(i, columns=["id", "key"])
+        yield from zip(t["id"].to_pylist(), t["key"].to_pylist())
+
+
+def rebuild(out_dir: str | Path, books: Iterable[tuple[BookRow, Sequence[SectionRow]]],
+            formats: Sequence[str] = ("parquet",), *, rows_per_group: int = ROWS_PER_GROUP) -> dict[str, Path]:
+    """The dataset of ``out_dir`` made again from its books' rows (streamed: one book at a time is enough)."""
+    with DatasetWriter(out_dir, formats, rows_per_group=rows_per_group) as w:
+        for book, sections in books:
+            w.add_book(book, sections)
+    return w.close()
+
+
+# stats.json keys a merge sums (counts over the shards' books), and the one it takes the largest of (the shards
+# ran side by side: the library took as long as its slowest shard)
+ADDITIVE = ("books", "failed_books", "sections", "tokens_written", "requests", "planning_requests", "request_errors",
+            "words", "failed_sections", "empty_sections", "truncated_sections")
+LARGEST = ("whole_job_s",)
+
+
+def merge_stats(shards: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The stats.json of a merged library from its shards' (folder, stats): the counts summed, ``whole_job_s`` the
+    largest, and ``shards`` listing each one's folder, books and time. A key no shard has is left out."""
+    def numbers(key: str) -> list[float]:
+        return [s[key] for _, s in shards if isinstance(s.get(key), int | float) and not isinstance(s[key], bool)]
+
+    out: dict[str, Any] = {k: sum(v) for k in ADDITIVE if (v := numbers(k))}
+    out.update({k: max(v) for k in LARGEST if (v := numbers(k))})
+    out["shards"] = [{"dir": d, "books": s.get("books"), "whole_job_s": s.get("whole_job_s")} for d, s in shards]
+    return out
+
+
+def merge(dirs: Sequence[str | Path], out: str | Path, formats: Sequence[str] | None = None) -> dict[str, Any]:
+    """``handbook library merge DIR... --out OUT``: the shards' datasets concatenated row group by row group, their
+    stats merged (:func:`merge_stats`) into OUT/stats.json, their books/<id>/ hard-linked into OUT/books/ (copied
+    across file systems). ``formats`` None: jsonl too when every shard has it. A book in two shards, a missing input,
+    OUT among the inputs: one-line ConfigErrors. Returns the merged stats."""
+    sources, target = [Path(d) for d in dirs], Path(out)
+    stats = _check_merge(sources, target)
+    _check_ids(sources)
+    if formats is None:
+        formats = ("parquet", "jsonl") if all((d / "sections.jsonl").is_file() for d in sources) else ("parquet",)
+    with DatasetWriter(target, formats) as w:
+        for d in sources:
+            try:
+                w.copy_from(d)
+            except (pa.ArrowInvalid, KeyError) as e:  # a damaged file, or one of another schema
+                raise ConfigError(f"library merge: cannot read the dataset of {d}: {' '.join(str(e).split())}") \
+                    from None
+    for d in sources:
+        for book_id in _ids(d):
+            _link_tree(d / "books" / book_id, target / "books" / book_id)
+    merged = merge_stats([(str(d), s) for d, s in zip(sources, stats)])
+    part = target / "stats.json.part"
+    part.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    os.replace(part, target / "stats.json")
+    return merged
+
+
+def _check_merge(sources: list[Path], target: Path) -> list[dict[str, Any]]:
+    """Each shard's stats.json, once every input is known to be there and OUT is none of them."""
+    if not sources:
+        raise ConfigError("library merge: no shard folders given (handbook library merge DIR... --out DIR)")
+    if len({d.resolve() for d in sources}) < len(sources):
+        raise ConfigError("library merge: a shard folder is given twice")
+    if target.resolve() in {d.resolve() for d in sources}:
+        raise ConfigError(f"library merge: --out {target} is one of the shards; merge into a new folder")
+    stats = []
+    for d in sources:
+        missing = [f for f in _MERGE_FILES if not (d / f).is_file()]
+        if missing:
+            raise ConfigError(f"library merge: {d} has no {' or '.join(missing)} (not a finished library shard)")
+        try:
+            data = json.loads((d / "stats.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"library merge: cannot read {d / 'stats.json'}: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"library merge: {d / 'stats.json'} is not a JSON object")
+        stats.append(data)
+    return stats
+
+
+def _check_ids(sources: list[Path]) -> None:
+    """No book id in two shards (case folded: one folder on some file systems). Streams the id columns, holding a
+    64-bit digest a book (library_input.DigestSet); a digest met twice is confirmed by reading the ids again."""
+    seen = DigestSet()
+    for k, d in enumerate(sources):
+        for n, book_id in enumerate(_ids(d)):
+            folded = book_id.lower()
+            if seen.add(id_digest(folded)):
+                continue
+            earlier = ((j, m, other) for j, src in enumerate(sources[:k + 1]) for m, other in enumerate(_ids(src)))
+            owner = next((sources[j] for j, m, other in earlier if (j, m) < (k, n) and other.lower() == folded), None)
+            if owner is not None:
+                where = "twice in it" if owner == d else f"also in {owner}"
+                raise ConfigError(f"library merge: book {book_id!r} of {d} is {where}: each book belongs to one shard")
+
+
+def _ids(d: Path) -> Iterator[str]:
+    try:
+        for book_id, _ in _ids_and_keys(d / "books.parquet"):
+            yield book_id
+    except (OSError, pa.ArrowException, KeyError) as e:
+        raise ConfigError(f"library merge: cannot read {d / 'books.parquet'}: {' '.join(str(e).split())}") from None
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``src``'s files under ``dst``: hard links (no second copy; deleting the shard later leaves the merged library
+    whole, unlike symlinks), else copies. A missing ``src`` (a book without files) is skipped."""
+    if not src.is_dir():
+        return
+    for root, _, names in os.walk(src):
+        here = dst / Path(root).relative_to(src)
+        here.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            target = here / name
+            target.unlink(missing_ok=True)
+            try:
+                os.link(Path(root) / name, target)
+            except OSError:
+                shutil.copy2(Path(root) / name, target)
+

@@ -1,0 +1,132 @@
+"""A library's stats.json and defects.json.
+
+stats.json: the single book's keys where they apply, summed over the library's books (those written by this run
+and those carried over from an earlier one: each book's own stats.json), plus ``books``, ``books_done``,
+``carried_over``, ``failed_books`` and ``failed_book_ids``; and the fleet's figures over the library's writing,
+read from the one sampler the library ran (``server_counted``, ``energy_j``, ``tokens_per_joule``, ``power``,
+``readers``): a book's own stats.json has none of those, since the counters count every book at once.
+
+defects.json: near-duplicate sections across the whole library (``textscan.near_duplicates``, MinHash LSH: linear
+in the sections), reported for the library and per book, read back from sections.parquet row group by row group;
+and the per-book defects summed (repeated section titles, truncated sections, code blocks).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..book.textscan import near_duplicates, shingles
+from ..metrics.readers import readers
+from .report import power_keys
+
+ADDITIVE = ("sections", "tokens_written", "section_tokens", "words", "requests", "planning_requests",
+            "request_errors", "failed_sections", "empty_sections", "truncated_sections", "resumed_sections")
+PAIRS_LISTED = 200  # pairs named in defects.json (the count is of all of them)
+
+
+@dataclass
+class Totals:
+    """The sums over the books, and the fleet's figures once the library has run."""
+
+    sums: Counter[str] = field(default_factory=Counter)  # over every book of the library
+    run_sums: Counter[str] = field(default_factory=Counter)  # over the books this run wrote
+    written: int = 0  # books this run wrote
+    t_first_request: float | None = None  # the first section request of the run (monotonic)
+    fleet_figures: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, stats: dict[str, Any]) -> None:
+        self.written += 1
+        self._sum(stats)
+        for key in ("requests", "tokens_written"):
+            v = stats.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                self.run_sums[key] += v
+
+    def carried(self, folder: Path) -> None:
+        """A book finished before this run: its own stats.json's counts (none when it cannot be read)."""
+        try:
+            stats = orjson.loads((folder / "stats.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return
+        if isinstance(stats, dict):
+            self._sum(stats)
+
+    def _sum(self, stats: dict[str, Any]) -> None:
+        for key in ADDITIVE:
+            v = stats.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                self.sums[key] += v
+
+    def fleet(self, sampler: Any, t0: float, t1: float) -> None:
+        """The server-counted figures of the whole library's writing, [t0, t1], from the library's sampler."""
+        counted = sampler.counted(t0, t1)
+        covered = counted.get("covered_backends") if counted.get("available", True) else None
+        each = readers([], t0, t1, sustained_tok_s=counted.get("sustained_tok_s") if covered else None,
+                       series={u: sampler.series[u] for u in covered or []}, histograms=sampler.histograms_of())
+        self.fleet_figures = {"write_time_s": round(t1 - t0, 3), "server_counted": counted,
+                              **power_keys(sampler.power_over(t0, t1)), "readers": each}
+
+    def stats(self, *, books: int, carried: int, done: int, failed: list[tuple[str, str]], whole_job_s: float,
+              run: dict[str, Any]) -> dict[str, Any]:
+        """``run``: what the run was (``backends``, ``model``, ``shard``, ``books_in_flight``), kept as given."""
+        failed_ids = [i for i, _ in failed]
+        return {
+            "books": books,
+            "books_done": carried + done,  # complete: before this run, or by it
+            "books_written": self.written,
+            "carried_over": carried,
+            "failed_books": len(failed),
+            "failed_book_ids": failed_ids,
+            "failures": [{"id": i, "why": why} for i, why in failed],
+            **{k: self.sums.get(k, 0) for k in ADDITIVE},  # every book's, carried-over ones included
+            "requests_this_run": self.run_sums.get("requests", 0),
+            "tokens_written_this_run": self.run_sums.get("tokens_written", 0),
+            "whole_job_s": round(whole_job_s, 3),
+            **self.fleet_figures,
+            "cards": len(run.get("backends") or ()),
+            **run,
+        }
+
+
+def library_defects(out_dir: Path, failed: list[tuple[str, str]]) -> dict[str, Any]:
+    """defects.json of the library (see the module docstring)."""
+    import pyarrow.parquet as pq
+
+    keys: list[tuple[str, str, str]] = []  # (book id, path, section title) of each text, in file order
+    sets = []
+    path = out_dir / "sections.parquet"
+    if path.is_file():
+        f = pq.ParquetFile(path)
+        for i in range(f.num_row_groups):
+            t = f.read_row_group(i, columns=["book_id", "path", "section", "text"])
+            for book_id, p, title, text in zip(*(t[c].to_pylist() for c in ("book_id", "path", "section", "text")),
+                                               strict=True):
+                if text:
+                    keys.append((book_id, p, title))
+                    sets.append(shingles(text))
+    pairs = near_duplicates([""] * len(sets), sets)
+    across = [(i, j, jac, con) for i, j, jac, con in pairs if keys[i][0] != keys[j][0]]
+    per_book: Counter[str] = Counter()
+    for i, j, _, _ in pairs:
+        per_book[keys[i][0]] += 1
+        if keys[j][0] != keys[i][0]:
+            per_book[keys[j][0]] += 1
+    return {
+        "books_failed": [{"id": i, "why": why} for i, why in failed],
+        "near_duplicate_sections": {
+            "count": len(pairs),
+            "across_books": len(across),
+            "within_books": len(pairs) - len(across),
+            "sections_checked": len(sets),
+            "per_book": dict(per_book.most_common()),
+            "pairs": [{"a": {"book": keys[i][0], "path": keys[i][1], "title": keys[i][2]},
+                       "b": {"book": keys[j][0], "path": keys[j][1], "title": keys[j][2]},
+                       "jaccard": round(jac, 3), "containment": round(con, 3)}
+                      for i, j, jac, con in pairs[:PAIRS_LISTED]],
+        },
+    }

@@ -1,0 +1,206 @@
+"""`handbook library` (issue 27): many books over one fleet and its caps, the dataset out, resume and change, bad
+lines before any request, failed books by id, shards and their merge."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from fake_openai import FakeServer
+
+CAP = 4
+
+
+def handbook(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def cards(sim_fleet):
+    return sim_fleet(2)
+
+
+def library_file(path: Path, n: int, **extra) -> Path:
+    lines = [json.dumps({"id": f"book-{i}", "prompt": f"A handbook of topic {i}", "parts": 1, "chapters": 2,
+                         "sections": 2 + i % 2, **extra}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_library(cards, file: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
+    argv = ["library", str(file), "--out", str(out), "--cap", str(CAP), "--words", "60", "--max-tokens", "90", "-q"]
+    for url in cards.urls:
+        argv += ["--backend", url]
+    return handbook(*argv, *more)
+
+
+def requests_of(cards) -> int:
+    return sum(cards.stats(i)["requests"] for i in range(len(cards.urls)))
+
+
+def test_a_library_shares_one_fleet_and_writes_its_dataset(cards, tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 5)
+    out = tmp_path / "out"
+    for i in range(len(cards.urls)):
+        cards.reset_max(i)
+    before = requests_of(cards)
+    proc = run_library(cards, file, out, "--dataset", "parquet,jsonl")
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "stats.json").read_text())
+    # one fleet for every book: its caps held across books, and every request the servers saw is one of the books'
+    assert all(cards.stats(i)["max_in_flight"] <= CAP for i in range(len(cards.urls)))
+    assert requests_of(cards) - before == st["requests"] == st["requests_this_run"]
+    assert (st["books"], st["books_done"], st["books_written"], st["failed_books"]) == (5, 5, 5, 0)
+    want = {f"book-{i}": 2 * (2 + i % 2) for i in range(5)}
+    sections = pq.read_table(out / "sections.parquet").to_pylist()
+    books = pq.read_table(out / "books.parquet").to_pylist()
+    assert {b["id"]: b["sections"] for b in books} == want
+    assert len(sections) == sum(want.values()) == st["sections"]
+    assert all(s["text"] and s["backend"] in cards.urls and s["t_end"] >= s["t_start"] > 1e9 for s in sections)
+    assert sum(s["tokens"] for s in sections) == st["section_tokens"]
+    for b in books:  # each book is a book: its own folder with book.md, stats and defects, no PDF unasked
+        folder = out / b["folder"]
+        assert (folder / "book.md").is_file() and (folder / "defects.json").is_file()
+        assert not (folder / "book.pdf").exists()
+        assert json.loads((folder / "book.json").read_text())["status"] == "complete"
+        own = json.loads((folder / "stats.json").read_text())
+        assert own["server_counted"]["available"] is False  # the fleet's counters count every book at once
+    assert len((out / "sections.jsonl").read_text().splitlines()) == len(sections)
+    assert st["server_counted"]["sustained_tok_s"] > 0 and st["readers"]["ttft_s"]["source"] == "server"
+    d = json.loads((out / "defects.json").read_text())
+    assert d["near_duplicate_sections"]["sections_checked"] == len(sections)
+
+
+def test_rerun_appended_and_changed_lines_ask_only_for_what_changed(cards, tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 3)
+    out = tmp_path / "out"
+    assert run_library(cards, file, out).returncode == 0
+    before = requests_of(cards)
+    again = run_library(cards, file, out)  # the same command: nothing is asked
+    assert again.returncode == 0, again.stderr
+    assert requests_of(cards) == before
+    st = json.loads((out / "stats.json").read_text())
+    assert (st["carried_over"], st["books_written"], st["requests_this_run"]) == (3, 0, 0)
+    assert len(pq.read_table(out / "sections.parquet")) == st["sections"] == 4 + 6 + 4
+    lines = file.read_text().splitlines()
+    lines[1] = lines[1].replace('"sections": 3', '"sections": 2')  # a changed line: that book only, afresh
+    lines.append(json.dumps({"id": "new-book", "prompt": "A handbook of kites", "parts": 1, "chapters": 1,
+                             "sections": 2}))
+    file.write_text("\n".join(lines) + "\n")
+    proc = run_library(cards, file, out)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "stats.json").read_text())
+    assert (st["books"], st["carried_over"], st["books_written"]) == (4, 2, 2)
+    books = {b["id"]: b for b in pq.read_table(out / "books.parquet").to_pylist()}
+    assert books["book-1"]["sections"] == 4 and books["new-book"]["sections"] == 2
+    assert len(pq.read_table(out / "sections.parquet")) == 4 + 4 + 4 + 2
+
+
+def test_bad_lines_exit_2_before_any_request(cards, tmp_path):
+    file = tmp_path / "lib.jsonl"
+    file.write_text('{"prompt": "A handbook of kites"}\n{"prompt": "Another", "partz": 2}\n')
+    before = requests_of(cards)
+    proc = run_library(cards, file, tmp_path / "out")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"handbook: error: {file}:2: ") and "partz" in lines[0], lines
+    assert requests_of(cards) == before
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    proc = run_library(cards, empty, tmp_path / "out2")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_failed_books_are_named_and_the_others_finish(tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 3)
+    out = tmp_path / "out"
+    with FakeServer("ok", fail_sections=("Section topic 2",)) as srv:
+        lines = file.read_text().splitlines()
+        lines[0] = lines[0].replace('"sections": 2', '"sections": 1')  # book-0 has no "Section topic 2"
+        file.write_text("\n".join(lines) + "\n")
+        proc = handbook("library", str(file), "--out", str(out), "--backend", srv.url, "--attempts", "2", "-q",
+                        "--words", "60")
+    assert proc.returncode == 1
+    assert "book(s) failed: book-1, book-2" in proc.stderr
+    st = json.loads((out / "stats.json").read_text())
+    assert st["failed_book_ids"] == ["book-1", "book-2"] and st["books_done"] == 1
+    assert {b["id"]: b["status"] for b in pq.read_table(out / "books.parquet").to_pylist()} == {
+        "book-0": "complete", "book-1": "failed", "book-2": "failed"}
+
+
+def test_planning_that_fails_every_attempt_is_reported_by_id(tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 2)
+    with FakeServer("garbage") as srv:
+        proc = handbook("library", str(file), "--out", str(tmp_path / "out"), "--backend", srv.url,
+                        "--attempts", "2", "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert "book-0: planning failed" in proc.stderr and "book-1: planning failed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_shards_on_two_fleets_merge_into_the_unsharded_library(cards, sim_fleet, tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 6)
+    other = sim_fleet(1)  # the second host's own servers
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, (fleet, out) in enumerate(zip((cards, other), shards, strict=True)):
+        proc = run_library(fleet, file, out, "--shard", f"{i}/2")
+        assert proc.returncode == 0, proc.stderr
+    ids = [{b["id"] for b in pq.read_table(d / "books.parquet").to_pylist()} for d in shards]
+    assert not ids[0] & ids[1] and ids[0] | ids[1] == {f"book-{i}" for i in range(6)}
+    merged = tmp_path / "merged"
+    proc = handbook("library", "merge", *map(str, shards), "--out", str(merged))
+    assert proc.returncode == 0, proc.stderr
+    whole = tmp_path / "whole"
+    assert run_library(cards, file, whole).returncode == 0
+
+    def sections_of(d: Path) -> set[tuple[str, str]]:
+        return {(r["book_id"], r["path"]) for r in pq.read_table(d / "sections.parquet").to_pylist()}
+
+    assert sections_of(merged) == sections_of(whole)  # the same books and section paths as one unsharded run
+    books = pq.read_table(merged / "books.parquet").to_pylist()
+    st = json.loads((merged / "stats.json").read_text())
+    assert st["books"] == 6 and st["sections"] == len(sections_of(whole))
+    assert all((merged / b["folder"] / "book.md").is_file() for b in books)
+    again = handbook("library", "merge", str(shards[0]), str(shards[0]), "--out", str(tmp_path / "twice"))
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1  # a book in two shards
+
+
+def test_kill_9_and_the_same_command_resumes(cards, tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 6)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "orchestrator", "library", str(file), "--out", str(out), "--cap", "2",
+            "--words", "60", "--max-tokens", "90", "-q", "--books-in-flight", "2"]
+    for url in cards.urls:
+        argv += ["--backend", url]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = [p for p in (out / "books").glob("*/book.json") if '"complete"' in p.read_text()]
+            if len(done) >= 2:
+                break
+            time.sleep(0.1)
+        proc.kill()  # SIGKILL: nothing is closed, nothing is flushed
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(done) >= 2, "no book finished before the kill"
+    before = requests_of(cards)
+    again = run_library(cards, file, out)
+    assert again.returncode == 0, again.stderr
+    st = json.loads((out / "stats.json").read_text())
+    assert st["books_done"] == 6
+    assert requests_of(cards) - before == st["requests_this_run"]
+    for index in done:  # a book that was complete before the kill: assembled again from its journal, no request
+        own = json.loads((index.parent / "stats.json").read_text())
+        assert own["requests"] == 0 and own["resumed_sections"] == own["sections"], index.parent.name
+    assert len(pq.read_table(out / "sections.parquet")) == st["sections"] == sum(2 * (2 + i % 2) for i in range(6))
