@@ -77,6 +77,10 @@ bench: install
 	$(PY) benchmarks/published_take.py
 	$(PY) benchmarks/planning_levers.py
 	$(PY) benchmarks/one_process_ceiling.py
+	$(PY) benchmarks/section_cpu.py
+	$(PY) benchmarks/near_duplicates.py
+	$(PY) benchmarks/library_throughput.py
+	$(PY) benchmarks/library_memory.py
 
 # Ruff (with the async, RUF and complexity rules), mypy, and import-linter (the layers and no import cycle:
 # [tool.importlinter] in pyproject.toml); .ci/run runs this before the tests.
