@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -68,13 +70,26 @@ async def _run(file: str, backends: Any, settings: Any, out: Any, args: argparse
 
         progress = LibraryProgress(state, stream=sys.stderr)
         progress.start()
-    try:
-        result = await agenerate_library(file, backends, settings, out, state, books_in_flight=args.books_in_flight,
-                                         shard=shard, dataset=dataset, fresh=args.fresh)
-    finally:
-        if progress is not None:
-            progress.stop()
-    return report(result)
+    async with AsyncExitStack() as stack:
+        if args.feed is not None:  # the library's page: its books and the sections of those in flight
+            from ..views.library_feed import LibraryFeed
+
+            feed = await stack.enter_async_context(LibraryFeed(state, port=args.feed))
+            print(f"handbook: library feed: {feed.url}", file=sys.stderr, flush=True)
+        try:
+            result = await agenerate_library(file, backends, settings, out, state,
+                                             books_in_flight=args.books_in_flight, shard=shard, dataset=dataset,
+                                             fresh=args.fresh)
+        finally:
+            if progress is not None:
+                progress.stop()
+        code = report(result)
+        if args.feed is not None:  # the page stays up: --feed-linger seconds, else until Ctrl-C
+            try:
+                await anyio.sleep(math.inf if args.feed_linger is None else max(0.0, args.feed_linger))
+            except KeyboardInterrupt:
+                pass
+        return code
 
 
 def report(result: Any) -> int:

@@ -151,6 +151,7 @@ class _Library:
         self.totals = Totals()
         self.failed: list[tuple[str, str]] = []
         self.all_down: BackendError | None = None
+        self.forecast: dict[str, Any] | None = None
         self.model = ""
 
     async def run(self, usable: list[tuple[Backend, str]], caps: list[int], clients: list[Any],
@@ -166,7 +167,8 @@ class _Library:
         t_start = time.monotonic()
         with DatasetWriter(self.out_dir, self.dataset) as writer:
             kept = writer.carry_over(self._finished_before())
-            self.bus(LibraryStarted(self.books, len(kept), time.monotonic()))
+            self.forecast = await self._forecast(usable, kept)
+            self.bus(LibraryStarted(self.books, len(kept), time.monotonic(), self.forecast))
             async with anyio.create_task_group() as bg:
                 await bg.start(fleet.run)
                 bg.start_soon(sampler.run)
@@ -184,6 +186,8 @@ class _Library:
                                   run={"backends": [b.url for b, _ in usable], "model": self.model,
                                        "shard": list(self.shard) if self.shard else None,
                                        "books_in_flight": books_in_flight})
+        if self.forecast is not None:
+            stats["forecast"] = {**self.forecast, "error": _error_of(self.forecast, stats)}
         defects = await anyio.to_thread.run_sync(library_defects, self.out_dir, self.failed)
         paths["stats"] = atomic_write(self.out_dir / "stats.json", orjson.dumps(stats, option=orjson.OPT_INDENT_2))
         paths["defects"] = atomic_write(self.out_dir / "defects.json",
@@ -199,6 +203,23 @@ class _Library:
             except Exception as e:
                 log.warning("a library event consumer failed and was detached: %s: %s", type(e).__name__, e)
                 self.consumers.remove(c)
+
+    async def _forecast(self, usable: list[tuple[Backend, str]], kept: set[str]) -> dict[str, Any] | None:
+        """DIR/forecast.json of the library when asked (--forecast, --ladder): what is left to write, how long."""
+        if not self.settings.wants_forecast:
+            return None
+        from .forecast_file import fits_for
+        from .library_forecast import FORECAST_FILE, library_forecast
+
+        try:
+            fits = await fits_for(usable, self.settings, self.out_dir)
+        except BackendError as e:  # a forecast is a help, not the job: say why there is none, and go on
+            log.warning("no forecast: %s", e)
+            return None
+        books = iter_books(self.file, self.settings, self.shard)
+        data = await anyio.to_thread.run_sync(lambda: library_forecast(books, fits, skip=frozenset(kept)))
+        atomic_write(self.out_dir / FORECAST_FILE, orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        return data
 
     def _finished_before(self) -> dict[str, str]:
         """id -> key of the books this file still holds that an earlier run finished complete, with that key."""
@@ -282,6 +303,15 @@ class _Library:
         self.failed.append((book.id, why))
         _write_index(folder, book, status, why)
         self.bus(BookFinished(book.id, status, 0, 0, time.monotonic(), why))
+
+
+def _error_of(forecast: dict[str, Any], stats: dict[str, Any]) -> dict[str, float | None]:
+    """The forecast's relative errors against what the run did: whole job (its time) and tokens (written by it)."""
+    def rel(actual: Any, expected: Any) -> float | None:
+        return round((actual - expected) / expected, 4) if expected else None
+
+    return {"whole_job_s": rel(stats["whole_job_s"], forecast["whole_job_s"]),
+            "tokens": rel(stats["tokens_written_this_run"], forecast["tokens"])}
 
 
 def _read_index(folder: Path) -> dict[str, Any]:

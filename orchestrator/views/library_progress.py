@@ -27,6 +27,7 @@ class LibraryStarted:
     books: int
     carried: int
     t: float
+    forecast: dict[str, Any] | None = None  # the library's forecast.json (--forecast), None without one
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,12 @@ class _Book:
     sections_total: int | None = None
     sections_done: int = 0
     failed: int = 0
+    title: str | None = None  # the book's title, once its outline is known
+    recent: list[str] = field(default_factory=list)  # the titles of its last sections written (at most RECENT)
+
+
+RECENT = 6
+FINISHED_SHOWN = 200  # books finished, newest first, that a snapshot lists
 
 
 @dataclass
@@ -72,16 +79,21 @@ class LibraryState:
     tokens: int = 0
     rate: float | None = None  # the servers' counted rate over the last second
     in_flight: dict[str, _Book] = field(default_factory=dict)
+    forecast: dict[str, Any] | None = None
+    finished: list[dict[str, Any]] = field(default_factory=list)  # the last FINISHED_SHOWN books ended, oldest first
     t_start: float = field(default_factory=time.monotonic)
 
     def __call__(self, event: Any) -> None:
         """Library-level events: books started and finished, the fleet's samples."""
         if isinstance(event, LibraryStarted):
-            self.books_total, self.carried = event.books, event.carried
+            self.books_total, self.carried, self.forecast = event.books, event.carried, event.forecast
         elif isinstance(event, BookStarted):
             self.in_flight[event.id] = _Book(event.prompt)
         elif isinstance(event, BookFinished):
-            self.in_flight.pop(event.id, None)
+            b = self.in_flight.pop(event.id, None)
+            self.finished.append({"id": event.id, "title": b.title if b else None, "status": event.status,
+                                  "sections": event.sections, "tokens": event.tokens, "error": event.error})
+            del self.finished[:-FINISHED_SHOWN]
             if event.status == "complete":
                 self.done += 1
             else:
@@ -96,8 +108,11 @@ class LibraryState:
             return
         if isinstance(event, OutlineReady):
             b.sections_total = event.outline.shape[2]
+            b.title = event.outline.title
         elif isinstance(event, NodeFinished) and event.kind == "section":
             b.sections_done += 1
+            b.recent.append(event.title)
+            del b.recent[:-RECENT]
             self.sections_done += 1
             self.tokens += event.reply.completion_tokens
         elif isinstance(event, NodeFailed) and event.kind == "section" and event.final:
@@ -107,6 +122,25 @@ class LibraryState:
     def waiting(self) -> int:
         return max(0, self.books_total - self.carried - self.done - self.failed - len(self.in_flight))
 
+    def eta(self) -> float | None:
+        """Seconds left: the forecast's tokens not yet written, at the servers' counted rate (None without both)."""
+        if not self.forecast or not self.rate:
+            return None
+        return max(0.0, self.forecast["tokens"] - self.tokens) / self.rate
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as plain data (the library feed's /status): totals, the books in flight, the last finished."""
+        return {
+            "books": self.books_total, "carried": self.carried, "done": self.done, "failed": self.failed,
+            "waiting": self.waiting, "sections_done": self.sections_done, "tokens": self.tokens, "rate": self.rate,
+            "eta_s": self.eta(), "forecast_s": (self.forecast or {}).get("whole_job_s"),
+            "elapsed_s": time.monotonic() - self.t_start,
+            "in_flight": [{"id": i, "title": b.title, "prompt": b.prompt, "sections_done": b.sections_done,
+                           "sections_total": b.sections_total, "failed": b.failed, "recent": list(b.recent)}
+                          for i, b in list(self.in_flight.items())],
+            "finished": list(reversed(self.finished)),
+        }
+
     def lines(self) -> list[str]:
         """The state as text: a summary line, then one line per book in flight (oldest first)."""
         elapsed = time.monotonic() - self.t_start
@@ -115,6 +149,9 @@ class LibraryState:
                 f"{f' ({self.carried} before this run)' if self.carried else ''}, {len(self.in_flight)} in flight, "
                 f"{self.waiting} waiting, {self.failed} failed  sections {self.sections_done:,}  "
                 f"tokens {self.tokens:,}  {rate}")
+        eta = self.eta()
+        if eta is not None:
+            head += f"  ETA {eta:,.0f} s (forecast {self.forecast['whole_job_s']:,.0f} s)"  # type: ignore[index]
         rows = [f"    {book_id}: {b.sections_done}/{b.sections_total if b.sections_total is not None else '?'} "
                 f"sections" + (f", {b.failed} failed" if b.failed else "") for book_id, b in self.in_flight.items()]
         return [head, *rows]

@@ -204,3 +204,19 @@ def test_kill_9_and_the_same_command_resumes(cards, tmp_path):
         own = json.loads((index.parent / "stats.json").read_text())
         assert own["requests"] == 0 and own["resumed_sections"] == own["sections"], index.parent.name
     assert len(pq.read_table(out / "sections.parquet")) == st["sections"] == sum(2 * (2 + i % 2) for i in range(6))
+
+
+def test_a_forecast_of_the_whole_library(cards, tmp_path):
+    file = library_file(tmp_path / "lib.jsonl", 4)
+    out = tmp_path / "out"
+    proc = run_library(cards, file, out, "--forecast")
+    assert proc.returncode == 0, proc.stderr
+    fc = json.loads((out / "forecast.json").read_text())
+    st = json.loads((out / "stats.json").read_text())
+    assert (fc["books"], fc["to_write"], fc["sections"]) == (4, 4, st["sections"])  # the shapes, counted exactly
+    assert fc["tokens"] > 0 and fc["whole_job_s"] > 0 and fc["inputs"]["rate_at_caps_tok_s"] > 0
+    assert st["forecast"]["error"]["whole_job_s"] is not None and st["forecast"]["error"]["tokens"] is not None
+    again = run_library(cards, file, out, "--forecast")  # nothing left to write: a forecast of nothing
+    assert again.returncode == 0, again.stderr
+    fc = json.loads((out / "forecast.json").read_text())
+    assert (fc["to_write"], fc["tokens"]) == (0, 0)
