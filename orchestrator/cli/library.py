@@ -25,10 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
     parser.add_argument("--dataset", default="parquet", metavar="LIST",
                         help="parquet (always) and optionally jsonl: DIR/sections.* and DIR/books.*")
-    # FILE takes the job's prompt place: the books' prompts are in it
+    # FILE takes the job's prompt place (the books' prompts are in it), and a few defaults differ from a book's
+    helps = {
+        "prompt": ("FILE", "the library: JSONL, one book a line ({\"prompt\": ...}), or text, a prompt a line"),
+        "out": ("DIR", "the library's folder (default ./handbook-out/library-<FILE's name>)"),
+        "format": ("LIST", "any of md,html,pdf for each book (default md: a PDF per book only when asked)"),
+        "stream_sections": (None, "auto (the library's default): stream sections only when their text is read as "
+                            "it arrives (--feed); always; never"),
+    }
     for action in parser._actions:
-        if action.dest == "prompt":
-            action.metavar, action.help = "FILE", "the library: JSONL, one book a line ({\"prompt\": ...}), or text"
+        if action.dest in helps:
+            metavar, action.help = helps[action.dest]
+            if metavar:
+                action.metavar = metavar
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.prompt:
         raise ConfigError("no library file given: handbook library FILE --out DIR")
+    for flag, given in (("--pages", args.pages), ("--minutes", args.minutes), ("--timeline", args.timeline),
+                        ("--record", args.record), ("--preset", args.preset)):
+        if given:
+            raise ConfigError(f"{flag} is a single book's: a library takes each book's shape from FILE (a line's "
+                              "parts, chapters, sections, words) or from --parts/--chapters/--sections/--words")
     file, backends, settings, out, args = resolve(args)
     # a library writes Markdown only and streams no section nobody reads, unless asked (LIBRARY_SETTINGS)
     if not args.format and not _in_job_file(args, "format"):
@@ -79,7 +93,7 @@ async def _run(file: str, backends: Any, settings: Any, out: Any, args: argparse
         try:
             result = await agenerate_library(file, backends, settings, out, state,
                                              books_in_flight=args.books_in_flight, shard=shard, dataset=dataset,
-                                             fresh=args.fresh)
+                                             fresh=args.fresh, handle_sigint=True)
         finally:
             if progress is not None:
                 progress.stop()
@@ -106,6 +120,10 @@ def report(result: Any) -> int:
     print(f"near-duplicate sections: {nd.get('count', 0)} pairs ({nd.get('across_books', 0)} across books)")
     for name, path in result.paths.items():
         print(f"{name:>16}: {path}")
+    if result.interrupted:
+        print(f"handbook: interrupted: {st['books_done']} of {st['books']} books done; rerun the same command to "
+              "resume", file=sys.stderr)
+        return 130
     if result.failed_books:
         print(f"handbook: {len(result.failed_books)} book(s) failed: "
               + ", ".join(i for i, _ in result.failed_books), file=sys.stderr)

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..job.library_dataset import merge
+    from ..job.library_merge import merge
 
     formats = None
     if args.dataset:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -37,17 +38,18 @@ import anyio.to_thread
 import orjson
 
 from ..core.config import Backend, Settings, slugify
-from ..core.errors import BackendError, ConfigError, PlanError
+from ..core.errors import BackendError, ConfigError, HandbookError, OutputError, PlanError
 from ..core.events import Event, NodeFinished
 from ..core.osutil import atomic_write, ensure_open_files, prepare_out_dir
 from ..core.states import NodeKind
 from ..dispatch.fleet import Fleet
+from ..dispatch.journal_files import lock_out_dir, unlock
 from ..views.library_progress import BookFinished, BookStarted, LibraryStarted, LibraryState
 from .connect import backends_up, discover_all, open_clients
 from .finish import Result
 from .library_dataset import DatasetWriter, book_row, section_rows
 from .library_input import LibraryBook, check_file, iter_books
-from .library_stats import Totals, library_defects
+from .library_stats import Totals, book_counts, library_defects
 from .options import Mode, Options, SharedFleet
 from .run import session
 
@@ -56,6 +58,9 @@ log = logging.getLogger("handbook")
 __all__ = ["LibraryResult", "agenerate_library", "default_books_in_flight", "generate_library"]
 
 BOOK_INDEX = "book.json"
+LIBRARY_LOCK = "library.sqlite"  # the lock file's stem: DIR/library.sqlite.lock, held while a run uses DIR
+FILES_PER_BOOK = 6  # open files of a book in flight: its journal (database, WAL, shared memory), its lock
+MAX_DEFAULT_BOOKS = 64  # books in flight the default goes to at most (a library of tiny books on a large fleet)
 LIBRARY_SETTINGS = {"formats": ("md",), "stream_sections": "auto"}  # a library's defaults where the caller is silent
 
 
@@ -71,10 +76,11 @@ class LibraryResult:
     paths: dict[str, Path]
     books: int
     failed_books: tuple[tuple[str, str], ...]
+    interrupted: bool = False  # stopped by Ctrl-C: what was finished is written; the same command resumes
 
     @property
     def complete(self) -> bool:
-        return not self.failed_books
+        return not self.failed_books and not self.interrupted
 
 
 def default_books_in_flight(caps: Sequence[int], settings: Settings) -> int:
@@ -84,7 +90,7 @@ def default_books_in_flight(caps: Sequence[int], settings: Settings) -> int:
     gave 0.87 of the bench level's rate, 16 (4x) 0.94, 32 0.94. ``settings``:
     a book's (the library's first: the runner takes its shape for the library's)."""
     per_book = settings.parts * settings.chapters * settings.sections
-    return max(2, math.ceil(4 * sum(caps) / max(1, per_book)))
+    return min(MAX_DEFAULT_BOOKS, max(2, math.ceil(4 * sum(caps) / max(1, per_book))))
 
 
 def generate_library(file: str | os.PathLike[str], backends: Sequence[Backend | str] | None = None,
@@ -111,6 +117,7 @@ async def agenerate_library(
     dataset: Sequence[str] = ("parquet",),
     deltas: bool = False,
     fresh: bool = False,
+    handle_sigint: bool = False,
 ) -> LibraryResult:
     """Make every book of ``file`` (JSONL, a book a line, or plain text, a prompt a line) into ``out``.
 
@@ -118,7 +125,10 @@ async def agenerate_library(
     :data:`LIBRARY_SETTINGS`); ``shard`` (i, n): only the books whose id hashes to shard i of n; ``dataset``:
     "parquet" and optionally "jsonl"; ``on_event``: called with :class:`~orchestrator.views.library_progress.
     BookStarted`/``BookFinished`` and the fleet's events; ``deltas``: the books' text as it streams (to the
-    ``on_event`` of each book through :class:`LibraryState`). Raises ConfigError (a bad line: ``FILE:LINE: ...``)
+    ``on_event`` of each book through :class:`LibraryState`). ``handle_sigint``: the first Ctrl-C starts no more
+    books and lets requests in flight finish for ``settings.interrupt_grace_s``; the dataset and stats.json are then
+    written with what is finished (``LibraryResult.interrupted``); a second stops at once. Raises ConfigError (a bad
+    line: ``FILE:LINE: ...``)
     before any request, BackendError when no backend answers."""
     settings = settings or Settings(**LIBRARY_SETTINGS)  # type: ignore[arg-type]
     if books_in_flight is not None and (not isinstance(books_in_flight, int) or books_in_flight < 1):
@@ -127,14 +137,27 @@ async def agenerate_library(
     out_dir = prepare_out_dir(out if out is not None else Path("handbook-out") / f"library-{slugify(Path(file).stem)}")
     prepare_out_dir(out_dir / "books")
     run = _Library(Path(file), settings, out_dir, shard, dataset, deltas, fresh)
-    run.books = summary.in_shard
+    run.handle_sigint = handle_sigint
+    lock = lock_out_dir(out_dir / LIBRARY_LOCK)  # one run per library folder (a ConfigError when another holds it)
+    try:
+        return await _run(run, summary.in_shard, on_event, backends, books_in_flight)
+    finally:
+        unlock(lock)
+
+
+async def _run(run: _Library, books: int, on_event: Callable[[Any], None] | None,
+               backends: Sequence[Backend | str] | None, books_in_flight: int | None) -> LibraryResult:
+    settings, file, shard = run.settings, run.file, run.shard
+    run.books = books
     run.consumers.extend([on_event] if on_event is not None else [])
     async with backends_up(backends, settings) as bk:
         usable = await discover_all(bk, settings)
-        caps = ensure_open_files([b.cap for b, _ in usable])
+        first = next(iter_books(file, settings, shard), None)  # the library's shape: its first book's
+        caps = [b.cap for b, _ in usable]
+        limit = books_in_flight or default_books_in_flight(caps, first.settings if first else settings)
+        # each book in flight holds its journal open (the database, its WAL and shared memory, its lock)
+        caps = ensure_open_files([*caps, FILES_PER_BOOK * limit])[:len(usable)]
         async with open_clients(usable, settings) as clients:
-            first = next(iter_books(Path(file), settings, shard), None)  # the library's shape: its first book's
-            limit = books_in_flight or default_books_in_flight(caps, first.settings if first else settings)
             return await run.run(usable, caps, clients, limit)
 
 
@@ -150,9 +173,13 @@ class _Library:
         self.consumers: list[Callable[[Any], None]] = [self.state]
         self.totals = Totals()
         self.failed: list[tuple[str, str]] = []
-        self.all_down: BackendError | None = None
         self.forecast: dict[str, Any] | None = None
         self.model = ""
+        self.handle_sigint = False
+        self.lines: dict[str, int] = {}  # the line of each book that failed
+        self.stopped_by: HandbookError | None = None  # every backend gone, or the output cannot be written
+        self.interrupted = False
+        self.books_scope = anyio.CancelScope()
 
     async def run(self, usable: list[tuple[Backend, str]], caps: list[int], clients: list[Any],
                   books_in_flight: int) -> LibraryResult:
@@ -172,27 +199,51 @@ class _Library:
             async with anyio.create_task_group() as bg:
                 await bg.start(fleet.run)
                 bg.start_soon(sampler.run)
+                if self.handle_sigint:
+                    bg.start_soon(self._watch_sigint, fleet)
                 shared = SharedFleet(usable, caps, fleet, sampler)
-                await self._books(shared, writer, kept, books_in_flight)
-                await sampler.sample_once()
+                with self.books_scope:
+                    await self._books(shared, writer, kept, books_in_flight)
+                with anyio.CancelScope(shield=True):
+                    await sampler.sample_once()
                 bg.cancel_scope.cancel()
-            if self.all_down is not None:
-                raise self.all_down
             t_end = time.monotonic()
+            self.failed.sort(key=lambda f: self.lines.get(f[0], 0))  # in FILE's order, not the order they ended in
             self.totals.fleet(sampler, self.totals.t_first_request or t_start, t_end)
-            paths = writer.close()
+            paths = writer.close()  # published however the run ended: every finished book is in it
         stats = self.totals.stats(books=self.books, carried=len(kept), done=self.state.done,
                                   failed=self.failed, whole_job_s=t_end - t_start,
                                   run={"backends": [b.url for b, _ in usable], "model": self.model,
                                        "shard": list(self.shard) if self.shard else None,
-                                       "books_in_flight": books_in_flight})
+                                       "books_in_flight": books_in_flight, "interrupted": self.interrupted})
         if self.forecast is not None:
             stats["forecast"] = {**self.forecast, "error": _error_of(self.forecast, stats)}
-        defects = await anyio.to_thread.run_sync(library_defects, self.out_dir, self.failed)
         paths["stats"] = atomic_write(self.out_dir / "stats.json", orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+        if self.stopped_by is not None:  # exit 3 or 5, with the dataset and stats of what was finished written
+            raise self.stopped_by
+        defects = await anyio.to_thread.run_sync(library_defects, self.out_dir, self.failed)
         paths["defects"] = atomic_write(self.out_dir / "defects.json",
                                         orjson.dumps(defects, option=orjson.OPT_INDENT_2))
-        return LibraryResult(self.out_dir, stats, defects, paths, self.books, tuple(self.failed))
+        return LibraryResult(self.out_dir, stats, defects, paths, self.books, tuple(self.failed), self.interrupted)
+
+    async def _watch_sigint(self, fleet: Fleet) -> None:
+        """Ctrl-C: start no more books, let requests in flight finish for interrupt_grace_s, then stop the books (their
+        journals keep what was finished); a second Ctrl-C stops them at once."""
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            async for _ in signals:
+                if self.interrupted:
+                    self.books_scope.cancel()
+                    return
+                self.interrupted = True
+                fleet.stop()
+                self.books_scope.deadline = min(self.books_scope.deadline,
+                                                anyio.current_time() + self.settings.interrupt_grace_s)
+
+    def _stop(self, error: HandbookError) -> None:
+        """Every backend gone, or an output that cannot be written: no more books; those in flight are stopped."""
+        if self.stopped_by is None:
+            self.stopped_by = error
+        self.books_scope.cancel()
 
     def bus(self, event: Any) -> None:
         """The library's events (books started and finished, the fleet's) to its consumers; one that raises is
@@ -237,11 +288,11 @@ class _Library:
         async with anyio.create_task_group() as books:
             for rank, book in enumerate(iter_books(self.file, self.settings, self.shard)):
                 folder = self.out_dir / "books" / book.id
-                if book.id in kept:  # finished before, its rows carried over: its figures only
-                    self.totals.carried(folder)
+                if book.id in kept:  # finished before, its rows carried over: its counts only
+                    self.totals.carried(_read_index(folder))
                     continue
                 await slots.acquire()
-                if self.all_down is not None:
+                if self.stopped_by is not None or self.interrupted:
                     slots.release()
                     break
                 books.start_soon(self._book, replace(shared, rank=rank), writer, book, slots)
@@ -265,14 +316,19 @@ class _Library:
         watchers = [w for c in self.consumers if (w := getattr(c, "book_event", None)) is not None]
 
         def consumer(event: Event) -> None:
-            for watch in watchers:
-                watch(book.id, event)
             if isinstance(event, NodeFinished) and event.kind == NodeKind.SECTION:
                 r = event.reply
-                times[event.path] = (r.t_start + offset, r.t_end + offset)
+                if r.t_end > r.t_start:  # a section answered from the journal carries no time of its own
+                    times[event.path] = (r.t_start + offset, r.t_end + offset)
+                    if self.totals.t_first_request is None or r.t_start < self.totals.t_first_request:
+                        self.totals.t_first_request = r.t_start
                 attempts[event.path] = r.attempt
-                if self.totals.t_first_request is None or r.t_start < self.totals.t_first_request:
-                    self.totals.t_first_request = r.t_start
+            for watch in watchers:
+                try:
+                    watch(book.id, event)
+                except Exception as e:  # a display's bug: that watcher goes, the book and its figures go on
+                    log.warning("a library event consumer failed and was detached: %s: %s", type(e).__name__, e)
+                    watchers.remove(watch)
 
         self.bus(BookStarted(book.id, book.prompt, shared.rank, time.monotonic()))
         try:
@@ -281,25 +337,28 @@ class _Library:
         except PlanError as e:  # its planning failed every attempt: reported by id, the others go on
             self._book_failed(book, folder, f"planning failed: {e}")
             return
-        except BackendError as e:  # every backend gone: the library stops, every finished book kept
-            self.all_down = self.all_down or e
+        except (BackendError, OutputError) as e:  # every backend gone, or no room: the library stops
             self._book_failed(book, folder, str(e), status="incomplete")
+            self._stop(e)
             return
-        except ConfigError as e:  # this book's folder cannot be used (held by another run, a foreign journal)
-            self._book_failed(book, folder, str(e))
+        except HandbookError as e:  # this book's alone: its folder held by another run, a bug of ours in it (its
+            self._book_failed(book, folder, str(e))  # traceback in books/<id>/handbook.log), a foreign journal
             return
         assert isinstance(result, Result) and result.book is not None
         row = book_row(book.id, book.key, book.prompt, result.book, folder=f"books/{book.id}",
                        files=sorted(p.name for p in result.paths.values() if p.parent == folder))
         rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=times)
         await anyio.to_thread.run_sync(writer.add_book, row, rows)
-        self.totals.add(result.stats)
+        counts = book_counts(result.stats, row.tokens)
+        self.totals.add(result.stats, counts)
         if row.status != "complete":
+            self.lines[book.id] = book.line
             self.failed.append((book.id, f"{len(result.failed_sections)} section(s) failed or came back empty"))
-        _write_index(folder, book, row.status)
+        _write_index(folder, book, row.status, counts=counts)
         self.bus(BookFinished(book.id, row.status, row.sections, row.tokens, time.monotonic()))
 
     def _book_failed(self, book: LibraryBook, folder: Path, why: str, *, status: str = "failed") -> None:
+        self.lines[book.id] = book.line
         self.failed.append((book.id, why))
         _write_index(folder, book, status, why)
         self.bus(BookFinished(book.id, status, 0, 0, time.monotonic(), why))
@@ -322,8 +381,10 @@ def _read_index(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_index(folder: Path, book: LibraryBook, status: str, error: str | None = None) -> None:
-    """books/<id>/book.json: the line the book came from, its key and how it ended ("started" while it runs)."""
+def _write_index(folder: Path, book: LibraryBook, status: str, error: str | None = None, *,
+                 counts: dict[str, int] | None = None) -> None:
+    """books/<id>/book.json: the line the book came from, its key, how it ended ("started" while it runs) and what
+    it holds (``counts``, library_stats.book_counts)."""
     data = {"id": book.id, "line": book.line, "prompt": book.prompt, "key": book.key, "settings": book.overrides,
-            "status": status, "error": error}
+            "status": status, "error": error, "counts": counts}
     atomic_write(folder / BOOK_INDEX, orjson.dumps(data, option=orjson.OPT_INDENT_2))

@@ -43,6 +43,7 @@ PER_BOOK_SETTINGS = frozenset({
 })
 assert PER_BOOK_SETTINGS <= SETTING_NAMES
 BOOK_KEYS = PER_BOOK_SETTINGS | {"prompt", "id"}
+_SINGLE_BOOK = frozenset({"pages", "minutes", "preset", "timeline"})  # a single job's, which a library refuses
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _ID_RULE = "letters, digits, '.', '_' and '-', at most 100, the first a letter or digit, no '..'"
@@ -207,6 +208,9 @@ def _object(path: Path, n: int, text: str) -> dict[str, Any]:
     for key in obj:
         if key in BOOK_KEYS:
             continue
+        if key in _SINGLE_BOOK:
+            raise _error(path, n, f"{key!r} chooses a single book's shape: a library line sets its shape itself "
+                                  f"(a line may set {', '.join(sorted(BOOK_KEYS))})")
         if key in JOB_KEYS:
             raise _error(path, n, f"{key!r} is a setting of the whole run, not of one book: give it on the command "
                                   f"line (a line may set {', '.join(sorted(BOOK_KEYS))})")

@@ -1,14 +1,15 @@
 """A library's stats.json and defects.json.
 
-stats.json: the single book's keys where they apply, summed over the library's books (those written by this run
-and those carried over from an earlier one: each book's own stats.json), plus ``books``, ``books_done``,
+stats.json: the single book's keys where they apply: what the books hold summed over every book of the library
+(those written by this run and those carried over from an earlier one: each book's book.json keeps its counts),
+what this run asked for (requests, tokens written) summed over the books it wrote, plus ``books``, ``books_done``,
 ``carried_over``, ``failed_books`` and ``failed_book_ids``; and the fleet's figures over the library's writing,
 read from the one sampler the library ran (``server_counted``, ``energy_j``, ``tokens_per_joule``, ``power``,
 ``readers``): a book's own stats.json has none of those, since the counters count every book at once.
 
 defects.json: near-duplicate sections across the whole library (``textscan.near_duplicates``, MinHash LSH: linear
 in the sections), reported for the library and per book, read back from sections.parquet row group by row group;
-and the per-book defects summed (repeated section titles, truncated sections, code blocks).
+and the books that failed.
 """
 
 from __future__ import annotations
@@ -18,56 +19,60 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ..book.textscan import near_duplicates, shingles
 from ..metrics.readers import readers
 from .report import power_keys
 
-ADDITIVE = ("sections", "tokens_written", "section_tokens", "words", "requests", "planning_requests",
-            "request_errors", "failed_sections", "empty_sections", "truncated_sections", "resumed_sections")
+# a book's own counts, kept in its book.json (so that a book carried over, or assembled again from its journal with
+# no request, counts what it holds, not what its last run asked for)
+BOOK_COUNTS = ("sections", "section_tokens", "words", "failed_sections", "empty_sections", "truncated_sections")
+# this run's requests, summed over the books it wrote
+RUN_COUNTS = ("tokens_written", "requests", "planning_requests", "request_errors", "resumed_sections")
 PAIRS_LISTED = 200  # pairs named in defects.json (the count is of all of them)
+
+
+def book_counts(stats: dict[str, Any], tokens: int) -> dict[str, int]:
+    """What a finished book holds (its book.json keeps it): ``tokens`` its sections' tokens (the dataset's)."""
+    return {"sections": int(stats.get("sections") or 0), "section_tokens": tokens,
+            "words": int(stats.get("words") or 0), "failed_sections": int(stats.get("failed_sections") or 0),
+            "empty_sections": int(stats.get("empty_sections") or 0),
+            "truncated_sections": int(stats.get("truncated_sections") or 0)}
 
 
 @dataclass
 class Totals:
     """The sums over the books, and the fleet's figures once the library has run."""
 
-    sums: Counter[str] = field(default_factory=Counter)  # over every book of the library
-    run_sums: Counter[str] = field(default_factory=Counter)  # over the books this run wrote
+    sums: Counter[str] = field(default_factory=Counter)  # over every book of the library (BOOK_COUNTS)
+    run_sums: Counter[str] = field(default_factory=Counter)  # over the books this run wrote (RUN_COUNTS)
     written: int = 0  # books this run wrote
     t_first_request: float | None = None  # the first section request of the run (monotonic)
     fleet_figures: dict[str, Any] = field(default_factory=dict)
 
-    def add(self, stats: dict[str, Any]) -> None:
+    def add(self, stats: dict[str, Any], counts: dict[str, int]) -> None:
+        """A book this run wrote: its stats.json (this run's requests) and what it holds (:func:`book_counts`)."""
         self.written += 1
-        self._sum(stats)
-        for key in ("requests", "tokens_written"):
+        self.sums.update(counts)
+        for key in RUN_COUNTS:
             v = stats.get(key)
             if isinstance(v, int) and not isinstance(v, bool):
                 self.run_sums[key] += v
 
-    def carried(self, folder: Path) -> None:
-        """A book finished before this run: its own stats.json's counts (none when it cannot be read)."""
-        try:
-            stats = orjson.loads((folder / "stats.json").read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return
-        if isinstance(stats, dict):
-            self._sum(stats)
-
-    def _sum(self, stats: dict[str, Any]) -> None:
-        for key in ADDITIVE:
-            v = stats.get(key)
-            if isinstance(v, int) and not isinstance(v, bool):
-                self.sums[key] += v
+    def carried(self, index: dict[str, Any]) -> None:
+        """A book finished before this run: the counts its book.json keeps (none when an older one has none)."""
+        counts = index.get("counts")
+        if isinstance(counts, dict):
+            self.sums.update({k: v for k, v in counts.items() if k in BOOK_COUNTS and isinstance(v, int)})
 
     def fleet(self, sampler: Any, t0: float, t1: float) -> None:
         """The server-counted figures of the whole library's writing, [t0, t1], from the library's sampler."""
         counted = sampler.counted(t0, t1)
         covered = counted.get("covered_backends") if counted.get("available", True) else None
-        each = readers([], t0, t1, sustained_tok_s=counted.get("sustained_tok_s") if covered else None,
-                       series={u: sampler.series[u] for u in covered or []}, histograms=sampler.histograms_of())
+        # the servers' figures only: the library keeps no reply of its books (a million books' replies would not fit)
+        each: dict[str, Any] = (
+            readers([], t0, t1, sustained_tok_s=counted.get("sustained_tok_s"),
+                    series={u: sampler.series[u] for u in covered}, histograms=sampler.histograms_of())
+            if covered else {"available": False, "reason": "no server counted the library's tokens"})
         self.fleet_figures = {"write_time_s": round(t1 - t0, 3), "server_counted": counted,
                               **power_keys(sampler.power_over(t0, t1)), "readers": each}
 
@@ -83,7 +88,8 @@ class Totals:
             "failed_books": len(failed),
             "failed_book_ids": failed_ids,
             "failures": [{"id": i, "why": why} for i, why in failed],
-            **{k: self.sums.get(k, 0) for k in ADDITIVE},  # every book's, carried-over ones included
+            **{k: self.sums.get(k, 0) for k in BOOK_COUNTS},  # what every book holds, carried-over ones included
+            **{k: self.run_sums.get(k, 0) for k in RUN_COUNTS},  # what this run asked for
             "requests_this_run": self.run_sums.get("requests", 0),
             "tokens_written_this_run": self.run_sums.get("tokens_written", 0),
             "whole_job_s": round(whole_job_s, 3),

@@ -116,6 +116,8 @@ async def session(
     try:
         if options.shared is not None:  # a library's book: its backends are up and discovered already
             job = job or job_for(settings, None)
+            job.journal.set_meta("backends", [{"url": b.url, "cap": b.cap} | ({"power": b.power} if b.power else {})
+                                              for b, _ in options.shared.usable])  # for `handbook write` of it
             return await job.run([b for b, _ in options.shared.usable], options.shared.usable)
         async with backends_up(backends, settings) as bk:
             usable = None
@@ -264,7 +266,8 @@ class _Job:
                         shared=self.shared is not None)
         from ..typeset.background import for_job  # typesetting while writing: None when it cannot help
 
-        background = None if self.mode.plan_only else for_job(settings)
+        # a library's books make no PDF while writing: a pool per book in flight would be dozens of processes
+        background = None if self.mode.plan_only or self.shared is not None else for_job(settings)
         if background is not None:
             bus.consumers.append(background)
             writer.on_section = background.section_landed

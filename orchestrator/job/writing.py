@@ -179,7 +179,7 @@ class Writer:
             t_write_start=self.t_write_start,
             t_write_end=self.t_write_end,
             server_counted=counted,
-            fleet=tuple(
+            fleet=() if self.shared else tuple(  # a library's fleet: its figures are the library's, not a book's
                 BackendFigures(
                     max_in_flight=load.max_in_flight, cap=load.cap, left_rotation=load.trips,
                     probe_completions=load.client.probe_completions, probe_failures=load.client.probe_failures,

@@ -23,11 +23,10 @@ from orchestrator.job.library_dataset import (
     DatasetWriter,
     SectionRow,
     book_row,
-    merge,
-    merge_stats,
     rebuild,
     section_rows,
 )
+from orchestrator.job.library_merge import merge, merge_stats
 
 
 def rows_of(book_id: str, sections: int = 3, key: str = "k1") -> tuple[BookRow, list[SectionRow]]:
@@ -316,7 +315,7 @@ def test_merge_stats_sums_counts_and_takes_the_longest_time():
     assert merged["whole_job_s"] == 41.0
     assert "cards" not in merged and "server_counted" not in merged and "failed_sections" not in merged
     assert merged["shards"][2] == {"dir": "s2", "books": True, "whole_job_s": 2}
-    assert merge_stats([]) == {"shards": []}
+    assert merge_stats([]) == {"shards": [], "failed_book_ids": []}
 
 
 def test_the_dataset_reads_as_one_table_across_row_groups(tmp_path):

@@ -220,3 +220,63 @@ def test_a_forecast_of_the_whole_library(cards, tmp_path):
     assert again.returncode == 0, again.stderr
     fc = json.loads((out / "forecast.json").read_text())
     assert (fc["to_write"], fc["tokens"]) == (0, 0)
+
+
+def test_ctrl_c_keeps_what_is_finished_and_the_rerun_completes(cards, tmp_path):
+    import signal
+
+    file = library_file(tmp_path / "lib.jsonl", 6)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "orchestrator", "library", str(file), "--out", str(out), "--cap", "2",
+            "--words", "60", "--max-tokens", "90", "-q", "--books-in-flight", "1"]
+    for url in cards.urls:
+        argv += ["--backend", url]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+                '"complete"' in p.read_text() for p in (out / "books").glob("*/book.json")):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    st = json.loads((out / "stats.json").read_text())
+    assert st["interrupted"] is True and 1 <= st["books_done"] < 6
+    assert len(pq.read_table(out / "books.parquet")) == st["books_done"]  # what was finished is in the dataset
+    again = run_library(cards, file, out)
+    assert again.returncode == 0, again.stderr
+    st = json.loads((out / "stats.json").read_text())
+    assert st["books_done"] == 6 and st["carried_over"] >= 1
+
+
+def test_every_backend_gone_stops_the_library_with_what_is_finished_kept(tmp_path):
+    import anyio
+
+    from orchestrator import BackendError, Settings, agenerate_library
+    from orchestrator.sim.launch import SimFleet
+
+    file = library_file(tmp_path / "lib.jsonl", 6)
+    out = tmp_path / "out"
+    settings = Settings(cap=2, words=60, max_tokens=90, formats=("md",), stream_sections="auto",
+                        all_down_timeout_s=1.0, attempts=2)
+    with SimFleet(cards=1) as fleet:
+        seen: list[str] = []
+
+        def on_event(event) -> None:
+            if type(event).__name__ == "BookFinished" and event.status == "complete":
+                seen.append(event.id)
+                if len(seen) == 1:
+                    fleet.stop()  # the only server goes away after the first book
+
+        async def main() -> None:
+            await agenerate_library(file, fleet.urls, settings, out, on_event, books_in_flight=1)
+
+        with pytest.raises(BackendError):
+            anyio.run(main)
+    st = json.loads((out / "stats.json").read_text())
+    assert st["books_done"] >= 1 and st["failed_books"] >= 1
+    assert {b["id"] for b in pq.read_table(out / "books.parquet").to_pylist() if b["status"] == "complete"} >= set(seen)
