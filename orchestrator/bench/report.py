@@ -352,5 +352,5 @@ def stdout_console() -> Console:
     """A console for the tables: never narrower than they need when stdout is a pipe or a file."""
     console = Console(highlight=False)
     if not console.is_terminal:
-        console.width = max(console.width, 120)
+        console.width = max(console.width, 200)  # every column, the optional ones too
     return console
