@@ -177,6 +177,8 @@ class LibraryProgress:
             self.print()
 
     def print(self) -> None:
+        if not self.state.books_total:  # the library has not started (a bad line, no backend): nothing to show
+            return
         try:
             self.stream.write("\n".join(self.state.lines()) + "\n")
             self.stream.flush()
