@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_run import handbook
 from fake_openai import FakeServer
 
 from orchestrator.core.osutil import free_port
@@ -20,15 +21,6 @@ from orchestrator.sim.launch import SimFleet
 SECRET = "sk-test-very-secret-key-0123456789abcdef"
 SMALL = ["--parts", "1", "--chapters", "2", "--sections", "2", "--words", "40", "--max-tokens", "60",
          "--format", "md", "-q"]
-
-
-def handbook(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.pop("OPENAI_API_KEY", None)
-    e.pop("HANDBOOK_BACKENDS", None)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env=e)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:

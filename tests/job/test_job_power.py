@@ -4,21 +4,13 @@ their coverage; without it the job says "power: not available (...)" and runs as
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import handbook
 
 SMALL = ["--parts", "1", "--chapters", "2", "--sections", "3", "--words", "60", "--max-tokens", "90",
          "--format", "md", "-q"]
-
-
-def handbook(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
 
 
 @pytest.fixture(scope="module")

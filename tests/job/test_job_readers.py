@@ -4,23 +4,15 @@ histograms where they have them, from the client's timing where they do not, and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from cli_run import handbook
 from fake_openai import FakeServer
 
 from orchestrator.sim.engine import EngineConfig
 
 SMALL = ["--parts", "2", "--chapters", "2", "--sections", "4", "--words", "80", "--max-tokens", "120",
          "--format", "md"]
-
-
-def handbook(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ lines before any request, failed books by id, shards and their merge."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -12,15 +11,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from cli_run import handbook as cli_handbook
 from fake_openai import FakeServer
 
 CAP = 4
 
 
 def handbook(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "HANDBOOK_BACKENDS")}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
+    return cli_handbook(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +33,31 @@ def library_file(path: Path, n: int, **extra) -> Path:
     return path
 
 
-def run_library(cards, file: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
-    argv = ["library", str(file), "--out", str(out), "--cap", str(CAP), "--words", "60", "--max-tokens", "90", "-q"]
+def library_argv(cards, file: Path, out: Path, *more: str, cap: int = CAP) -> list[str]:
+    """`handbook library FILE` on ``cards``, short sections, no progress."""
+    argv = ["library", str(file), "--out", str(out), "--cap", str(cap), "--words", "60", "--max-tokens", "90", "-q"]
     for url in cards.urls:
         argv += ["--backend", url]
-    return handbook(*argv, *more)
+    return [*argv, *more]
+
+
+def run_library(cards, file: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
+    return handbook(*library_argv(cards, file, out, *more))
+
+
+def start_library(cards, file: Path, out: Path, *, in_flight: int, wait_for: int, **popen) -> subprocess.Popen:
+    """The library in the background at cap 2, once it has finished ``wait_for`` books (or after 120 s)."""
+    more = ("--books-in-flight", str(in_flight))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *library_argv(cards, file, out, *more, cap=2)],
+                            **popen)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(finished_books(out)) < wait_for and proc.poll() is None:
+        time.sleep(0.1)
+    return proc
+
+
+def finished_books(out: Path) -> list[Path]:
+    return [p for p in (out / "books").glob("*/book.json") if '"complete"' in p.read_text()]
 
 
 def requests_of(cards) -> int:
@@ -176,18 +194,10 @@ def test_shards_on_two_fleets_merge_into_the_unsharded_library(cards, sim_fleet,
 def test_kill_9_and_the_same_command_resumes(cards, tmp_path):
     file = library_file(tmp_path / "lib.jsonl", 6)
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "orchestrator", "library", str(file), "--out", str(out), "--cap", "2",
-            "--words", "60", "--max-tokens", "90", "-q", "--books-in-flight", "2"]
-    for url in cards.urls:
-        argv += ["--backend", url]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_library(cards, file, out, in_flight=2, wait_for=2, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            done = [p for p in (out / "books").glob("*/book.json") if '"complete"' in p.read_text()]
-            if len(done) >= 2:
-                break
-            time.sleep(0.1)
+        done = finished_books(out)
         proc.kill()  # SIGKILL: nothing is closed, nothing is flushed
         proc.wait()
     finally:
@@ -227,16 +237,9 @@ def test_ctrl_c_keeps_what_is_finished_and_the_rerun_completes(cards, tmp_path):
 
     file = library_file(tmp_path / "lib.jsonl", 6)
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "orchestrator", "library", str(file), "--out", str(out), "--cap", "2",
-            "--words", "60", "--max-tokens", "90", "-q", "--books-in-flight", "1"]
-    for url in cards.urls:
-        argv += ["--backend", url]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_library(cards, file, out, in_flight=1, wait_for=1, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-                '"complete"' in p.read_text() for p in (out / "books").glob("*/book.json")):
-            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
