@@ -15,6 +15,13 @@ from urllib.parse import urlparse
 
 from .errors import ConfigError
 from .settings_types import check_field_types, conforms, describe_type, show_value
+from .urls import normalise_url, redact, split_credentials, split_power
+
+__all__ = [
+    "CONTEXTS", "DEFAULT_PROMPT", "JOB_KEYS", "PRESETS", "SETTING_NAMES", "STREAM_SECTIONS", "Backend", "Settings",
+    "backends_from_env", "check_positive_int", "load_job_file", "normalise_url", "redact", "settings_from",
+    "slugify", "split_credentials", "split_power", "unique_backends",
+]
 
 DEFAULT_PROMPT = "Write me a complete software engineering handbook"
 
@@ -110,6 +117,13 @@ class Settings:
     # on_event asking for deltas), else asks for one whole response (wire/whole.py: less client CPU, timed by the
     # request's deadline alone: the library's default); "never". Planning always streams (the outline pipeline).
     stream_sections: str = "always"
+    # What each section request knows of the book: "outline" (the book's brief, the part's chapter titles and the
+    # chapter's section titles, in an order that shares the longest prompt prefix within a chapter: the servers'
+    # prefix cache computes it once) or "none" (title, part, chapter and section alone: the reference's requests).
+    context: str = "outline"
+    # No title twice in one book (parts, chapters, sections): the planner asks for spares and uses them. The
+    # published preset turns it off, so that its plan (and its ~46 repeated section titles) stays the reference's.
+    distinct_titles: bool = True
 
     def __post_init__(self) -> None:
         # Every path into Settings comes through here (Settings(...) by a library user, settings_from for the CLI's
@@ -155,6 +169,8 @@ class Settings:
             raise ConfigError(f"planning must be one of {', '.join(PLANNING_STYLES)}; got {self.planning!r}")
         if (got := self.stream_sections) not in STREAM_SECTIONS:
             raise ConfigError(f"stream_sections must be one of {', '.join(STREAM_SECTIONS)}; got {got!r}")
+        if (got := self.context) not in CONTEXTS:
+            raise ConfigError(f"context must be one of {', '.join(CONTEXTS)}; got {got!r}")
 
     def streams_sections(self, deltas: bool) -> bool:
         """Whether section requests stream, given whether a consumer reads their text as it arrives."""
@@ -200,6 +216,7 @@ class Settings:
 
 
 STREAM_SECTIONS = ("auto", "always", "never")
+CONTEXTS = ("outline", "none")
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Every setting of the reference run (../shared/reference_run.json, fan_out_job).
@@ -213,6 +230,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "temperature": 0.0,
         "cap": 256,
         "profile": "reference",  # the reference's prompts and sampling, whatever the model
+        "context": "none",  # each section request carries its titles alone, as the reference's did
+        "distinct_titles": False,  # the reference's plan, repeated titles and all
     },
 }
 
@@ -257,18 +276,6 @@ def check_positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
-def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """``http://user:pass@host:8000/v1`` -> (``http://host:8000/v1``, (user, pass)); other URLs unchanged."""
-    if not isinstance(url, str):
-        return url, None
-    parsed = urlparse(url.strip())
-    if "@" not in parsed.netloc:
-        return url, None
-    from urllib.parse import unquote
-
-    userinfo, _, hostport = parsed.netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    return parsed._replace(netloc=hostport).geturl(), (unquote(user), unquote(password))
 
 
 def unique_backends(backends: list[Backend]) -> list[Backend]:
@@ -290,51 +297,10 @@ def unique_backends(backends: list[Backend]) -> list[Backend]:
     return out
 
 
-def redact(url: str) -> str:
-    """A URL fit for a message: whatever stands before an "@" in its authority is hidden."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^@]*@", r"\1***@", url.strip()) if "@" in url else url
 
 
-def normalise_url(url: str) -> str:
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError("a backend URL is empty")
-    u = url.strip().rstrip("/")
-    if "@" in u:  # credentials split_credentials could not take apart: never quote them back
-        url = redact(u)
-    parsed = urlparse(u)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"malformed backend URL {url!r}: expected http(s)://HOST[:PORT]/v1")
-    try:
-        parsed.port  # noqa: B018 - raises on a non-numeric port
-    except ValueError:
-        raise ConfigError(f"malformed backend URL {url!r}: bad port") from None
-    if not parsed.path.endswith("/v1"):
-        raise ConfigError(f"backend URL {url!r} must end in /v1 (an OpenAI-compatible base URL)")
-    return u
 
 
-def split_power(spec: str) -> tuple[str, str | None]:
-    """``http://h:9400/metrics#gpu=0`` -> (``http://h:9400/metrics``, ``"0"``); no path: ``/metrics``; no
-    ``#gpu=``: (page, None). Anything else is a one-line ConfigError."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError("a --power endpoint is empty: expected http(s)://HOST:PORT[/metrics][#gpu=LABEL]")
-    page, _, frag = spec.strip().partition("#")
-    parsed = urlparse(page)
-    try:
-        port_ok = parsed.port is None or parsed.port > 0
-    except ValueError:  # a port that is not a number
-        port_ok = False
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok or "@" in parsed.netloc:
-        raise ConfigError(f"malformed power endpoint {redact(spec)!r}: expected http(s)://HOST:PORT[/metrics]"
-                          "[#gpu=LABEL] (a dcgm-exporter page)")
-    gpu: str | None = None
-    if frag:
-        key, eq, label = frag.partition("=")
-        if key != "gpu" or not eq or not label.strip():
-            raise ConfigError(f"power endpoint {spec!r}: after '#' expected gpu=LABEL (dcgm's gpu index or UUID)")
-        gpu = label.strip()
-    page = parsed._replace(path="/metrics").geturl() if parsed.path in ("", "/") else page.rstrip("/")
-    return page, gpu
 
 
 def backends_from_env() -> list[str]:

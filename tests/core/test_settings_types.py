@@ -42,6 +42,8 @@ WRONG = [
     ("forecast", "yes", "bool"),
     ("typeset_while_writing", 0.0, "bool"),
     ("stream_sections", True, "str"),
+    ("context", 3, "str"),
+    ("distinct_titles", "no", "bool"),
     ("parts", 2.5, "int"),
     ("parts", 3.0, "int"),
     ("parts", "8", "int"),
@@ -219,7 +221,7 @@ VALID: dict[str, typing.Any] = {
     "all_down_timeout_s": 1.5, "profile": "small", "top_p": 0.9, "repetition_penalty": 1.1,
     "frequency_penalty": -0.5, "system": "Be brief.", "planning": "list", "finish_truncated": True, "pages": 40,
     "minutes": 2, "ladder": "/tmp/ladder.json", "forecast": True, "timeline": True, "typeset_while_writing": False,
-    "stream_sections": "never",
+    "stream_sections": "never", "context": "none", "distinct_titles": False,
 }
 
 
@@ -309,3 +311,11 @@ def test_stream_sections_chooses_by_who_reads_the_text():
                      ("never", False): False, ("never", True): False}
     with pytest.raises(ConfigError, match="stream_sections must be one of auto, always, never; got 'sometimes'"):
         Settings(stream_sections="sometimes")
+
+
+def test_context_is_outline_or_none_and_the_published_preset_keeps_the_reference_requests():
+    from orchestrator.core.config import PRESETS
+
+    assert Settings().context == "outline" and Settings().distinct_titles is True
+    assert PRESETS["published-take"]["context"] == "none" and PRESETS["published-take"]["distinct_titles"] is False
+    assert "context must be one of outline, none; got 'plan'" in refused(Settings, context="plan")
