@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/section_cpu.py                         # 4 cards, 1,024 sections of 520 tokens
     .venv/bin/python benchmarks/section_cpu.py --cards 6 --sections 1536 --time-scale 3
+    .venv/bin/python benchmarks/section_cpu.py --stream-intervals 1,4  # one token a chunk, and four
+
+The servers' stream interval (tokens per SSE chunk) sets what streaming costs: vLLM sends one token a chunk while
+its output loop keeps up (``--stream-interval 1``, its default) and merges a stream's pending tokens into one chunk
+when it falls behind under load; the sim's ``stream_interval`` models a fixed one. Each interval is one pair of rows.
 
 Starts simulated cards (the reference engine model, stream interval 4: vLLM's default of one chunk per few
 tokens at load) and sends the same section requests through ``BackendClient`` at cap 256 per card, once streamed
@@ -66,25 +71,27 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=520)
     ap.add_argument("--time-scale", type=float, default=3.0)
+    ap.add_argument("--stream-intervals", default="4", help="comma-separated tokens per chunk, e.g. 1,4")
     args = ap.parse_args()
     rows = []
-    with SimFleet(args.cards, time_scale=args.time_scale, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS,
-                  stream_interval=4, startup_timeout=60.0) as fleet:
-        for stream in (True, False):
-            r = anyio.run(_run, fleet.urls, args.sections, args.cap, args.max_tokens, stream,
-                          backend_options=event_loop_options())
-            rows.append(("streamed" if stream else "unstreamed", r))
+    for interval in (int(x) for x in args.stream_intervals.split(",")):
+        with SimFleet(args.cards, time_scale=args.time_scale, step_ms=STEP_MS, per_stream_ms=PER_STREAM_MS,
+                      stream_interval=interval, startup_timeout=60.0) as fleet:
+            for stream in (True, False):
+                r = anyio.run(_run, fleet.urls, args.sections, args.cap, args.max_tokens, stream,
+                              backend_options=event_loop_options())
+                rows.append((interval, "streamed" if stream else "unstreamed", r))
     print(f"{args.sections:,} sections of up to {args.max_tokens} tokens on {args.cards} simulated cards, cap "
           f"{args.cap}, time-scale {args.time_scale:g}")
-    print(f"{'mode':>10}  {'sections ok':>11}  {'errors':>6}  {'tokens':>9}  {'wall s':>7}  {'client CPU s':>12}  "
-          f"{'CPU ms/section':>14}")
-    for mode, r in rows:
-        per = 1000 * r["cpu_s"] / max(1, r["ok"])
-        print(f"{mode:>10}  {r['ok']:>11,}  {r['errors']:>6}  {r['tokens']:>9,}  {r['wall_s']:>7.1f}  "
-              f"{r['cpu_s']:>12.2f}  {per:>14.3f}")
-    s, u = rows[0][1], rows[1][1]
-    ratio = (u["cpu_s"] / max(1, u["ok"])) / (s["cpu_s"] / max(1, s["ok"]))
-    print(f"unstreamed / streamed CPU per section: {ratio:.3f}")
+    print(f"{'interval':>8}  {'mode':>10}  {'sections ok':>11}  {'errors':>6}  {'tokens':>9}  {'wall s':>7}  "
+          f"{'client CPU s':>12}  {'CPU ms/section':>14}  {'of streamed':>11}")
+    for k in range(0, len(rows), 2):
+        s = rows[k][2]
+        streamed = s["cpu_s"] / max(1, s["ok"])
+        for interval, mode, r in rows[k:k + 2]:
+            per = r["cpu_s"] / max(1, r["ok"])
+            print(f"{interval:>8}  {mode:>10}  {r['ok']:>11,}  {r['errors']:>6}  {r['tokens']:>9,}  "
+                  f"{r['wall_s']:>7.1f}  {r['cpu_s']:>12.2f}  {1000 * per:>14.3f}  {per / streamed:>11.3f}")
 
 
 if __name__ == "__main__":

@@ -145,8 +145,17 @@ def titles(items: list[str], title: str | None = None) -> str:
 
 
 def prose(title: str, words: int = 40) -> str:
-    """A section that names its own title, so a test can tell which heading a text was written for."""
+    """A section that names its own title, so a test can tell which heading a text was written for. Its sentences
+    are drawn from a vocabulary by a seed of the title: two sections never nearly duplicate each other (the repairs
+    would ask one of them again), and the same title always gets the same text."""
+    import random
+
+    rnd = random.Random(title)
+    nouns = ("module", "queue", "request", "record", "schema", "cache", "branch", "release", "build", "test",
+             "server", "client", "index", "table", "stream", "worker", "token", "commit", "review", "deploy")
+    verbs = ("shapes", "guards", "names", "splits", "checks", "keeps", "moves", "joins", "sorts", "limits")
     filler = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
-    body = " ".join(f"The {w} point explains one more side of the subject in plain words."
+    body = " ".join(f"The {w} point: each {rnd.choice(nouns)} {rnd.choice(verbs)} a {rnd.choice(nouns)} near the "
+                    f"{rnd.choice(nouns)} {rnd.choice(verbs)} {rnd.choice(nouns)} code."
                     for w in filler[: max(1, words // 10)])
     return f"This section is about {title}. {body}"

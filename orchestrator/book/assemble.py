@@ -40,6 +40,8 @@ class SectionText:
     backend: str | None = None
     error: str | None = None  # why every attempt failed, or a Missing: it was never asked for
     repaired_from: str | None = None
+    code_repaired: tuple[str, ...] = ()  # languages whose broken blocks a re-ask repaired (job/repairs.py)
+    rewritten_from: str | None = None  # the section it nearly repeated, before a re-ask made it say something else
 
     @property
     def failed(self) -> bool:

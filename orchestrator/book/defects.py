@@ -39,6 +39,7 @@ from typing import Any
 
 from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
+from .codecheck import check_code
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -201,16 +202,35 @@ def _code(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
     return {
         "count": n_blocks,
         "by_language": dict(sorted(by_language.items(), key=lambda kv: (-kv[1], kv[0]))),
+        **_parsed(written),
         "python_syntax_errors": {"count": sum(e["blocks"] for e in py_errors), "of": py_total,
                                  "sections": py_errors[:LIST_LIMIT]},
         "unclosed_fences": {"count": sum(len(u["languages"]) for u in unclosed), "sections": unclosed[:LIST_LIMIT]},
     }
 
 
+def _parsed(written: list[SectionText]) -> dict[str, Any]:
+    """The blocks with a parser at hand (book/codecheck.py), by language: ``checked`` and ``broken`` in the final
+    texts; ``repaired``: sections whose broken blocks a re-ask fixed (job/repairs.py); ``still_broken``: blocks that
+    do not parse in the final texts."""
+    checked: Counter[str] = Counter()
+    broken: Counter[str] = Counter()
+    repaired: Counter[str] = Counter()
+    for s in written:
+        for lang, n in check_code(s.text).languages.items():
+            if n.checked:
+                checked[lang] += n.checked
+                broken[lang] += n.broken
+        repaired.update(s.code_repaired)
+    return {"checked": dict(checked), "repaired": dict(repaired),
+            "still_broken": {k: v for k, v in broken.items() if v}}
+
+
 def _near_duplicates(written: list[SectionText]) -> dict[str, Any]:
     pairs = near_duplicates([s.text for s in written], [s.shingles for s in written])
     return {
         "count": len(pairs),
+        "repaired": sum(1 for s in written if s.rewritten_from is not None),
         "threshold": {"shingle_words": SHINGLE, "jaccard": NEAR_DUPLICATE_JACCARD,
                       "containment": NEAR_DUPLICATE_CONTAINMENT},
         "pairs": [
@@ -236,6 +256,15 @@ def _quote(text: str) -> str:
     return "`" + text.replace("`", "'") + "`" if text else "(nothing)"
 
 
+def _parse_line(c: dict[str, Any]) -> str:
+    checked, broken = c.get("checked", {}), c.get("still_broken", {})
+    if not checked:
+        return "none checked"
+    langs = ", ".join(f"{k} {checked[k] - broken.get(k, 0):,} of {checked[k]:,}" for k in sorted(checked))
+    repaired = sum(c.get("repaired", {}).values())
+    return f"{langs}; {repaired:,} sections repaired by a re-ask"
+
+
 def _markdown(d: Defects, worst: int) -> str:
     u = d.unterminated_blocks
     up = u["printed"]
@@ -255,7 +284,10 @@ def _markdown(d: Defects, worst: int) -> str:
         ("Python blocks failing ast.parse", (f"{c['python_syntax_errors']['count']:,} of "
                                             f"{c['python_syntax_errors']['of']:,}")),
         ("unclosed code fences", f"{c['unclosed_fences']['count']:,}"),
-        ("near-duplicate section pairs", f"{d.near_duplicate_sections['count']:,}"),
+        ("code blocks that parse (Python, JSON, TOML)", _parse_line(c)),
+        ("near-duplicate section pairs", f"{d.near_duplicate_sections['count']:,} "
+                                         f"({d.near_duplicate_sections.get('repaired', 0):,} sections rewritten "
+                                         "to say something else)"),
         ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired"),
         ("words", f"{w['total']:,} in all; per section mean {w['mean']:,}, min {w['min']:,}, max {w['max']:,}"),
     ]

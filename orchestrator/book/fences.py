@@ -9,16 +9,21 @@ fence here: at the margin it is indented code; inside a list item the container 
 (markdown-it) knows.
 
 Every module that tells code from prose line by line (cut-back, the loop checks, the text scans, the book's
-assembly, the planning replies, the HTML's structure in typeset/html.py, and benchmarks/book_quality.py) reads
-fences with these.
+assembly, the planning replies, the HTML's structure in typeset/html.py, the code and overlap checks in
+book/codecheck.py and book/overlap.py, and benchmarks/book_quality.py) reads fences with these; :func:`fenced_blocks`
+gives each block with its info string and its lines.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["FENCE_OPEN", "close_open_fence", "closer", "closes", "fenced_code", "is_fence_line"]
+__all__ = [
+    "FENCE_OPEN", "FencedBlock", "close_open_fence", "closer", "closes", "fenced_blocks", "fenced_code",
+    "is_fence_line",
+]
 
 # indent, mark, the rest of the line (the info string); a backtick mark is not followed by a backtick anywhere
 FENCE_OPEN = re.compile(r"^( {0,3})(`{3,}(?!.*`)|~{3,})(.*)$")
@@ -66,19 +71,44 @@ def close_open_fence(text: str) -> str:
 def fenced_code(text: str) -> list[str]:
     """The code of every fenced block of ``text``, in order; a block never closed runs to the end of the text, as
     CommonMark reads it."""
-    out: list[str] = []
+    return [block.code for block in fenced_blocks(text)]
+
+
+@dataclass(frozen=True, slots=True)
+class FencedBlock:
+    """One fenced code block of a text. Lines are counted from 1 over ``text.split("\\n")``.
+
+    ``info``: the opening fence's info string, stripped (``"python title=x.py"``; ``""`` when bare). ``code``: the
+    lines between the fences, joined by ``"\\n"``, as :func:`fenced_code` gives them (indentation kept, a CRLF's
+    ``"\\r"`` too). ``line``: the opening fence's line, so the code's first line is ``line + 1``. ``end``: the
+    closing fence's line, or the text's last line for a block never closed. ``closed``: whether a fence closed it.
+    ``indent``: the opening fence's indentation (0 to 3 spaces), which CommonMark strips from each code line."""
+
+    info: str
+    code: str
+    line: int
+    end: int
+    closed: bool
+    indent: int
+
+
+def fenced_blocks(text: str) -> list[FencedBlock]:
+    """Every fenced block of ``text``, in order, with its info string, code and lines; a block never closed (a
+    reply cut at the token cap) runs to the end of the text, as CommonMark reads it, with ``closed=False``."""
+    out: list[FencedBlock] = []
     close: re.Pattern[str] | None = None  # the open block's closing line
     code: list[str] = []
-    for line in text.split("\n"):
+    info, start, indent, number = "", 0, 0, 0
+    for number, line in enumerate(text.split("\n"), 1):
         if close is None:
             m = FENCE_OPEN.match(line)
             if m:
-                close, code = closer(m.group(2)), []
+                close, info, start, indent, code = closer(m.group(2)), m.group(3).strip(), number, len(m.group(1)), []
         elif close.match(line):
-            out.append("\n".join(code))
+            out.append(FencedBlock(info, "\n".join(code), start, number, True, indent))
             close = None
         else:
             code.append(line)
     if close is not None:
-        out.append("\n".join(code))
+        out.append(FencedBlock(info, "\n".join(code), start, number, False, indent))
     return out

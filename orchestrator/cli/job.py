@@ -18,6 +18,7 @@ from ..core.errors import TYPESET_FAILED_EXIT, ConfigError
 from ..core.profiles import PLANNING_STYLES, PROFILE_NAMES
 from ..engine import LOCAL_DEFAULT_SHAPE
 from .common import OneLineParser
+from .quality import add_quality_arguments, quality_values
 
 SHAPE = ("parts", "chapters", "sections")
 
@@ -91,6 +92,7 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", action="store_true",
                    help="keep the run's event stream, timestamped and compressed, in OUT/recording.jsonl.gz "
                    "(`handbook replay OUT` serves the live feed again from it)")
+    add_quality_arguments(p)
     p.add_argument("--stream-sections", choices=STREAM_SECTIONS,
                    help="always (default for a book: a stalled server is caught between chunks); auto (the "
                    "library's default): stream only when the text is read as it arrives (the feed, --record), else "
@@ -165,7 +167,7 @@ def resolve(argv: list[str] | argparse.Namespace) -> tuple[str, list[Backend], A
         "pages": args.pages, "minutes": args.minutes, "forecast": args.forecast or None,
         "timeline": args.timeline or None,
         "typeset_while_writing": False if args.typeset_after_writing else None,
-        "stream_sections": args.stream_sections,
+        "stream_sections": args.stream_sections, **quality_values(args),
         "ladder": os.path.abspath(args.ladder) if args.ladder else None,  # a later `write` may run elsewhere
     }
     values.update({k: v for k, v in flag_map.items() if v is not None})

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT")
     parser.add_argument("--dataset", default="parquet", metavar="LIST",
                         help="parquet (always) and optionally jsonl: DIR/sections.* and DIR/books.*")
+    parser.add_argument("--dedupe", choices=("report", "reask"), default="report",
+                        help="near-duplicate sections across books: report them in defects.json (default), or "
+                        "also ask each book's sections that nearly repeat a finished book's again, once")
     # FILE takes the job's prompt place (the books' prompts are in it), and a few defaults differ from a book's
     helps = {
         "prompt": ("FILE", "the library: JSONL, one book a line ({\"prompt\": ...}), or text, a prompt a line"),
@@ -93,6 +96,7 @@ async def _run(file: str, backends: Any, settings: Any, out: Any, args: argparse
         try:
             result = await agenerate_library(file, backends, settings, out, state,
                                              books_in_flight=args.books_in_flight, shard=shard, dataset=dataset,
+                                             dedupe=args.dedupe,
                                              fresh=args.fresh, handle_sigint=True)
         finally:
             if progress is not None:

@@ -117,13 +117,16 @@ class Settings:
     # on_event asking for deltas), else asks for one whole response (wire/whole.py: less client CPU, timed by the
     # request's deadline alone: the library's default); "never". Planning always streams (the outline pipeline).
     stream_sections: str = "always"
-    # What each section request knows of the book: "outline" (the book's brief, the part's chapter titles and the
-    # chapter's section titles, in an order that shares the longest prompt prefix within a chapter: the servers'
-    # prefix cache computes it once) or "none" (title, part, chapter and section alone: the reference's requests).
-    context: str = "outline"
+    # What each section request knows of the book: "none" (for now the default: the reference's requests, title,
+    # part, chapter and section alone) or "outline" (also the part's chapter titles and the chapter's section titles,
+    # in an order that shares the longest prompt prefix within a chapter: the servers' prefix cache computes it once).
+    context: str = "none"
     # No title twice in one book (parts, chapters, sections): the planner asks for spares and uses them. The
     # published preset turns it off, so that its plan (and its ~46 repeated section titles) stays the reference's.
     distinct_titles: bool = True
+    # Checked afterwards, asked again once (job/repairs.py): a section whose code blocks do not parse, and the later
+    # section of a near-duplicate pair (--repairs; off by default for now, and in the published preset).
+    repairs: bool = False
 
     def __post_init__(self) -> None:
         # Every path into Settings comes through here (Settings(...) by a library user, settings_from for the CLI's
@@ -232,6 +235,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "profile": "reference",  # the reference's prompts and sampling, whatever the model
         "context": "none",  # each section request carries its titles alone, as the reference's did
         "distinct_titles": False,  # the reference's plan, repeated titles and all
+        "repairs": False,  # nothing asked again but what failed: the reference's defects stay countable
     },
 }
 

@@ -49,7 +49,8 @@ class Outline:
             for ci, chapter in enumerate(part.chapters, 1):
                 for si, title in enumerate(chapter.sections, 1):
                     yield SectionRef(f"{pi}.{ci}.{si}", self.title, part.title, chapter.title, title,
-                                     chapter.words_of(si - 1))
+                                     chapter.words_of(si - 1), part_chapters=tuple(c.title for c in part.chapters),
+                                     siblings=chapter.sections)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +99,10 @@ class SectionRef:
     chapter: str
     title: str
     words: int | None = None
+    # what a request with --context outline carries besides its titles (job/section_prompt.py)
+    brief: str = ""
+    part_chapters: tuple[str, ...] = ()  # the part's chapter titles, in order
+    siblings: tuple[str, ...] = ()  # the chapter's section titles, in order, this one among them
 
     def context(self, words: int) -> dict[str, Any]:
         """What the section's request is made from besides its title, its path aside: a section whose context and

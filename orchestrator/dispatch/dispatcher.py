@@ -9,7 +9,7 @@ run finished is answered from the journal, and a node this run finishes is writt
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Generic, TypeVar, overload
@@ -49,6 +49,7 @@ class _Node(Generic[T]):
     validate: Callable[[Reply], T] | None
     priority: tuple[int, int]
     on_delta: Callable[[str], None] | None
+    affinity: Hashable | None = None
     attempts: int = 0
 
 
@@ -92,7 +93,7 @@ class Dispatcher:
     async def run(
         self, path: str, kind: NodeKind, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
         validate: None = None, priority: tuple[int, int] = (1, 0), *, on_delta: Callable[[str], None] | None = None,
-        restore: None = None, keep: None = None, journaled: bool = True,
+        restore: None = None, keep: None = None, journaled: bool = True, affinity: Hashable | None = None,
     ) -> Outcome[None]: ...
 
     @overload
@@ -101,6 +102,7 @@ class Dispatcher:
         validate: Callable[[Reply], T], priority: tuple[int, int] = (1, 0), *,
         on_delta: Callable[[str], None] | None = None, restore: Callable[[StoredNode], T | None] | None = None,
         keep: Callable[[T], Any] | None = None, journaled: bool = True, context: Any = None,
+        affinity: Hashable | None = None,
     ) -> Outcome[T]: ...
 
     async def run(
@@ -117,6 +119,7 @@ class Dispatcher:
         keep: Callable[[T], Any] | None = None,
         journaled: bool = True,
         context: Any = None,
+        affinity: Hashable | None = None,
     ) -> Outcome[T] | Outcome[None]:
         """``build(client, attempt)`` makes the request body; ``validate(reply)`` parses it or raises ValueError
         (an unusable reply is retried like an error). ``on_delta(text)``, when given, sees every content delta of
@@ -129,7 +132,8 @@ class Dispatcher:
         one. ``keep(value)`` gives the JSON-able value to journal with a node this run finishes. ``journaled=False``
         neither asks nor writes the journal (a continuation of a node that is already in it). ``context`` (sections:
         ``SectionRef.context``, which ``keep`` journals as the value's "context") lets a stored node answer wherever
-        an edited outline moved it (``Journal.get``); it is then recorded at ``path`` too."""
+        an edited outline moved it (``Journal.get``); it is then recorded at ``path`` too. ``affinity`` (sections with
+        context: their chapter) is the fleet's prefix-cache affinity key, made this book's by its rank."""
         journal = self.journal if journaled else None
         stored = journal.get(path, kind, title, context) if journal is not None else None
         if stored is not None:
@@ -140,7 +144,8 @@ class Dispatcher:
                 return resumed
         if self.wants_deltas:
             on_delta = partial(self._delta, path, on_delta)
-        node = _Node(path, kind, title, build, validate, priority, on_delta)
+        node = _Node(path, kind, title, build, validate, priority, on_delta,
+                     None if affinity is None else (self.rank, affinity))
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=self._wait,
@@ -189,7 +194,7 @@ class Dispatcher:
         node.attempts += 1
         n = node.attempts
         kind, *order = node.priority
-        async with self.fleet.lease((kind, self.rank, *order)) as client:
+        async with self.fleet.lease((kind, self.rank, *order), affinity=node.affinity) as client:
             self.emit(NodeStarted(node.path, node.kind, node.title, client.url, n, time.monotonic()))
             # more than one reply when a structured request was refused and sent again in text (client.send)
             *refused, reply = await client.send(partial(self._body, node, client, n), attempt=n,

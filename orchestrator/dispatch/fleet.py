@@ -11,12 +11,11 @@ comes back when it answers again.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -25,6 +24,7 @@ from ..core.errors import BackendError
 from ..core.events import BackendState
 from ..core.reply import Reply
 from ..wire.client import BackendClient
+from .affinity import Queues, Waiter
 from .pick import pick_backend
 
 
@@ -46,15 +46,6 @@ class BackendLoad:
     probe_failed: bool = False  # a probe completion failed during this outage: listening no longer counts
 
 
-@dataclass(order=True)
-class _Waiter:
-    priority: tuple[int, ...]
-    seq: int
-    event: anyio.Event = field(compare=False)
-    granted: int | None = field(default=None, compare=False)
-    abandoned: bool = field(default=False, compare=False)
-
-
 class Fleet:
     def __init__(
         self,
@@ -68,7 +59,7 @@ class Fleet:
     ):
         self.loads = [BackendLoad(c, cap) for c, cap in zip(clients, caps, strict=True)]
         self._emit = emit
-        self._waiters: list[_Waiter] = []
+        self._queues = Queues(caps)
         self._seq = itertools.count()
         self._rr = itertools.count()
         self._trip_after = trip_after
@@ -110,29 +101,54 @@ class Fleet:
     def in_flight(self) -> int:
         return sum(x.in_flight for x in self.loads)
 
+    @property
+    def _waiters(self) -> list[Waiter]:
+        """Every waiter still queued (abandoned ones until a grant passes them)."""
+        return list(self._queues)
+
     def _grant(self) -> None:
         if self.stopped:
             return
-        while self._waiters:
+        queues = self._queues
+        while len(queues):
             i = self._pick()
             if i is None:
                 return
-            w = heapq.heappop(self._waiters)
-            if w.abandoned:
-                continue
+            w = queues.pop_for(i)
+            if w is None:
+                return
             self._take(i)
+            queues.granted(w, i)
             w.granted = i
             w.event.set()
 
+    def _home(self, key: Hashable) -> int | None:
+        loads = self.loads
+        return self._queues.home_of(key, [x.in_flight for x in loads], [x.healthy for x in loads])
+
+    def _now(self, key: Hashable | None) -> int | None:
+        """The backend a lease asked for while nothing waits gets at once: the key's home when it has room, else
+        the least-loaded backend with room (a free slot elsewhere is never left idle for affinity's sake)."""
+        if key is not None:
+            home = self._home(key)
+            if home is not None and self.loads[home].in_flight < self.loads[home].cap:
+                self._queues.served[home] += 1
+                return home
+        i = self._pick()
+        if i is not None and key is not None:
+            self._queues.served[i] += 1
+        return i
+
     @asynccontextmanager
-    async def lease(self, priority: tuple[int, ...] = (1, 0)):
-        """Hold one slot on some healthy backend for the duration of the block."""
-        i = None if self._waiters or self.stopped else self._pick()
+    async def lease(self, priority: tuple[int, ...] = (1, 0), affinity: Hashable | None = None):
+        """Hold one slot on some healthy backend for the duration of the block. ``affinity``: a key (a chapter)
+        whose requests prefer the backend that served the key first (dispatch/affinity.py)."""
+        i = None if len(self._queues) or self.stopped else self._now(affinity)
         if i is not None:
             self._take(i)
         else:
-            w = _Waiter(priority, next(self._seq), anyio.Event())
-            heapq.heappush(self._waiters, w)
+            w = Waiter(priority, next(self._seq), anyio.Event(), affinity)
+            self._queues.push(w, None if affinity is None else self._home(affinity))
             try:
                 await w.event.wait()
             except BaseException:

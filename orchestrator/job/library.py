@@ -37,6 +37,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
+from ..book.crossdup import CrossIndex
 from ..core.config import Backend, Settings, slugify
 from ..core.errors import BackendError, ConfigError, HandbookError, OutputError, PlanError
 from ..core.events import Event, NodeFinished
@@ -49,15 +50,15 @@ from .connect import backends_up, discover_all, open_clients
 from .finish import Result
 from .library_dataset import DatasetWriter, book_row, section_rows
 from .library_input import LibraryBook, check_file, iter_books
-from .library_stats import Totals, book_counts, library_defects
+from .library_stats import Totals, book_counts, error_of, library_defects, read_index, write_index
 from .options import Mode, Options, SharedFleet
+from .repairs import first_sentence
 from .run import session
 
 log = logging.getLogger("handbook")
 
 __all__ = ["LibraryResult", "agenerate_library", "default_books_in_flight", "generate_library"]
 
-BOOK_INDEX = "book.json"
 LIBRARY_LOCK = "library.sqlite"  # the lock file's stem: DIR/library.sqlite.lock, held while a run uses DIR
 FILES_PER_BOOK = 6  # open files of a book in flight: its journal (database, WAL, shared memory), its lock
 MAX_DEFAULT_BOOKS = 64  # books in flight the default goes to at most (a library of tiny books on a large fleet)
@@ -115,6 +116,7 @@ async def agenerate_library(
     books_in_flight: int | None = None,
     shard: tuple[int, int] | None = None,
     dataset: Sequence[str] = ("parquet",),
+    dedupe: str = "report",
     deltas: bool = False,
     fresh: bool = False,
     handle_sigint: bool = False,
@@ -123,7 +125,9 @@ async def agenerate_library(
 
     ``settings``: the run's (a line's own settings apply to its book; default: md only and unstreamed sections,
     :data:`LIBRARY_SETTINGS`); ``shard`` (i, n): only the books whose id hashes to shard i of n; ``dataset``:
-    "parquet" and optionally "jsonl"; ``on_event``: called with :class:`~orchestrator.views.library_progress.
+    "parquet" and optionally "jsonl"; ``dedupe``: "report" (near-duplicates across books in defects.json) or
+    "reask" (also each book's sections that nearly repeat a finished book's asked again once, job/repairs.py);
+    ``on_event``: called with :class:`~orchestrator.views.library_progress.
     BookStarted`/``BookFinished`` and the fleet's events; ``deltas``: the books' text as it streams (to the
     ``on_event`` of each book through :class:`LibraryState`). ``handle_sigint``: the first Ctrl-C starts no more
     books and lets requests in flight finish for ``settings.interrupt_grace_s``; the dataset and stats.json are then
@@ -131,13 +135,15 @@ async def agenerate_library(
     line: ``FILE:LINE: ...``)
     before any request, BackendError when no backend answers."""
     settings = settings or Settings(**LIBRARY_SETTINGS)  # type: ignore[arg-type]
+    if dedupe not in ("report", "reask"):
+        raise ConfigError(f"dedupe must be report or reask; got {dedupe!r}")
     if books_in_flight is not None and (not isinstance(books_in_flight, int) or books_in_flight < 1):
         raise ConfigError(f"books_in_flight must be a whole number of books, 1 or more; got {books_in_flight!r}")
     summary = check_file(Path(file), settings, shard)
     out_dir = prepare_out_dir(out if out is not None else Path("handbook-out") / f"library-{slugify(Path(file).stem)}")
     prepare_out_dir(out_dir / "books")
     run = _Library(Path(file), settings, out_dir, shard, dataset, deltas, fresh)
-    run.handle_sigint = handle_sigint
+    run.handle_sigint, run.dedupe = handle_sigint, CrossIndex() if dedupe == "reask" else None
     lock = lock_out_dir(out_dir / LIBRARY_LOCK)  # one run per library folder (a ConfigError when another holds it)
     try:
         return await _run(run, summary.in_shard, on_event, backends, books_in_flight)
@@ -176,6 +182,7 @@ class _Library:
         self.forecast: dict[str, Any] | None = None
         self.model = ""
         self.handle_sigint = False
+        self.dedupe: CrossIndex | None = None  # --dedupe reask: the finished books' sections
         self.lines: dict[str, int] = {}  # the line of each book that failed
         self.stopped_by: HandbookError | None = None  # every backend gone, or the output cannot be written
         self.interrupted = False
@@ -201,7 +208,7 @@ class _Library:
                 bg.start_soon(sampler.run)
                 if self.handle_sigint:
                     bg.start_soon(self._watch_sigint, fleet)
-                shared = SharedFleet(usable, caps, fleet, sampler)
+                shared = SharedFleet(usable, caps, fleet, sampler, dedupe=self.dedupe)
                 with self.books_scope:
                     await self._books(shared, writer, kept, books_in_flight)
                 with anyio.CancelScope(shield=True):
@@ -217,7 +224,7 @@ class _Library:
                                        "shard": list(self.shard) if self.shard else None,
                                        "books_in_flight": books_in_flight, "interrupted": self.interrupted})
         if self.forecast is not None:
-            stats["forecast"] = {**self.forecast, "error": _error_of(self.forecast, stats)}
+            stats["forecast"] = {**self.forecast, "error": error_of(self.forecast, stats)}
         paths["stats"] = atomic_write(self.out_dir / "stats.json", orjson.dumps(stats, option=orjson.OPT_INDENT_2))
         if self.stopped_by is not None:  # exit 3 or 5, with the dataset and stats of what was finished written
             raise self.stopped_by
@@ -278,7 +285,7 @@ class _Library:
         if self.fresh:
             return done
         for book in iter_books(self.file, self.settings, self.shard):
-            index = _read_index(self.out_dir / "books" / book.id)
+            index = read_index(self.out_dir / "books" / book.id)
             if index.get("key") == book.key and index.get("status") == "complete":
                 done[book.id] = book.key
         return done
@@ -289,7 +296,7 @@ class _Library:
             for rank, book in enumerate(iter_books(self.file, self.settings, self.shard)):
                 folder = self.out_dir / "books" / book.id
                 if book.id in kept:  # finished before, its rows carried over: its counts only
-                    self.totals.carried(_read_index(folder))
+                    self.totals.carried(read_index(folder))
                     continue
                 await slots.acquire()
                 if self.stopped_by is not None or self.interrupted:
@@ -306,9 +313,9 @@ class _Library:
             slots.release()
 
     async def _write_book(self, shared: SharedFleet, writer: DatasetWriter, book: LibraryBook, folder: Path) -> None:
-        index = _read_index(folder)
+        index = read_index(folder)
         fresh = self.fresh or (bool(index) and index.get("key") != book.key)  # a changed line: that book afresh
-        _write_index(folder, book, "started")
+        write_index(folder, book, "started")
         times: dict[str, tuple[float, float]] = {}
         attempts: dict[str, int] = {}
         offset = time.time() - time.monotonic()  # the replies' monotonic times -> Unix times for the dataset
@@ -349,42 +356,20 @@ class _Library:
                        files=sorted(p.name for p in result.paths.values() if p.parent == folder))
         rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=times)
         await anyio.to_thread.run_sync(writer.add_book, row, rows)
+        if shared.dedupe is not None:  # --dedupe reask: the books finished after this one are asked against it
+            done = [s for s in result.book.sections if not s.error and s.text.strip()]
+            shared.dedupe.add([f"{book.id}/{s.path}" for s in done], [s.title for s in done],
+                              [first_sentence(s.text) for s in done], [s.shingles for s in done])
         counts = book_counts(result.stats, row.tokens)
         self.totals.add(result.stats, counts)
         if row.status != "complete":
             self.lines[book.id] = book.line
             self.failed.append((book.id, f"{len(result.failed_sections)} section(s) failed or came back empty"))
-        _write_index(folder, book, row.status, counts=counts)
+        write_index(folder, book, row.status, counts=counts)
         self.bus(BookFinished(book.id, row.status, row.sections, row.tokens, time.monotonic()))
 
     def _book_failed(self, book: LibraryBook, folder: Path, why: str, *, status: str = "failed") -> None:
         self.lines[book.id] = book.line
         self.failed.append((book.id, why))
-        _write_index(folder, book, status, why)
+        write_index(folder, book, status, why)
         self.bus(BookFinished(book.id, status, 0, 0, time.monotonic(), why))
-
-
-def _error_of(forecast: dict[str, Any], stats: dict[str, Any]) -> dict[str, float | None]:
-    """The forecast's relative errors against what the run did: whole job (its time) and tokens (written by it)."""
-    def rel(actual: Any, expected: Any) -> float | None:
-        return round((actual - expected) / expected, 4) if expected else None
-
-    return {"whole_job_s": rel(stats["whole_job_s"], forecast["whole_job_s"]),
-            "tokens": rel(stats["tokens_written_this_run"], forecast["tokens"])}
-
-
-def _read_index(folder: Path) -> dict[str, Any]:
-    try:
-        data = orjson.loads((folder / BOOK_INDEX).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_index(folder: Path, book: LibraryBook, status: str, error: str | None = None, *,
-                 counts: dict[str, int] | None = None) -> None:
-    """books/<id>/book.json: the line the book came from, its key, how it ended ("started" while it runs) and what
-    it holds (``counts``, library_stats.book_counts)."""
-    data = {"id": book.id, "line": book.line, "prompt": book.prompt, "key": book.key, "settings": book.overrides,
-            "status": status, "error": error, "counts": counts}
-    atomic_write(folder / BOOK_INDEX, orjson.dumps(data, option=orjson.OPT_INDENT_2))

@@ -19,9 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ..book.textscan import near_duplicates, shingles
+from ..core.osutil import atomic_write
 from ..metrics.readers import readers
+from .library_input import LibraryBook
 from .report import power_keys
+
+BOOK_INDEX = "book.json"  # books/<id>/book.json
 
 # a book's own counts, kept in its book.json (so that a book carried over, or assembled again from its journal with
 # no request, counts what it holds, not what its last run asked for)
@@ -136,3 +142,29 @@ def library_defects(out_dir: Path, failed: list[tuple[str, str]]) -> dict[str, A
                       for i, j, jac, con in pairs[:PAIRS_LISTED]],
         },
     }
+
+
+def error_of(forecast: dict[str, Any], stats: dict[str, Any]) -> dict[str, float | None]:
+    """The forecast's relative errors against what the run did: whole job (its time) and tokens (written by it)."""
+    def rel(actual: Any, expected: Any) -> float | None:
+        return round((actual - expected) / expected, 4) if expected else None
+
+    return {"whole_job_s": rel(stats["whole_job_s"], forecast["whole_job_s"]),
+            "tokens": rel(stats["tokens_written_this_run"], forecast["tokens"])}
+
+
+def read_index(folder: Path) -> dict[str, Any]:
+    try:
+        data = orjson.loads((folder / BOOK_INDEX).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_index(folder: Path, book: LibraryBook, status: str, error: str | None = None, *,
+                 counts: dict[str, int] | None = None) -> None:
+    """books/<id>/book.json: the line the book came from, its key, how it ended ("started" while it runs) and what
+    it holds (``counts``, library_stats.book_counts)."""
+    data = {"id": book.id, "line": book.line, "prompt": book.prompt, "key": book.key, "settings": book.overrides,
+            "status": status, "error": error, "counts": counts}
+    atomic_write(folder / BOOK_INDEX, orjson.dumps(data, option=orjson.OPT_INDENT_2))

@@ -73,5 +73,6 @@ class SharedFleet:
     fleet: Fleet
     sampler: Any  # a MetricsSampler, already running
     rank: int = 0
+    dedupe: Any = None  # --dedupe reask: the library's CrossIndex of finished books (book/crossdup.py), else None
 
 

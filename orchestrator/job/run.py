@@ -34,7 +34,6 @@ from ..core.events import Event, ForecastReady, JobStarted
 from ..core.osutil import ensure_open_files
 from ..core.outline import Outline
 from ..core.profiles import resolve_profile
-from ..core.prompts import render
 from ..core.states import RunStatus, Stop, status_after
 from ..dispatch.dispatcher import Dispatcher
 from ..dispatch.fleet import Fleet
@@ -49,6 +48,7 @@ from .finish import JobInfo, Planned, Result, publish, save_book, save_plan, wri
 from .forecast_file import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
 from .options import Bus as _Bus
 from .options import Mode, Options, SharedFleet, default_out, prepare_out
+from .section_prompt import check_templates
 from .writing import Writer, stopped_message
 
 if TYPE_CHECKING:
@@ -257,13 +257,13 @@ class _Job:
             bus(ForecastReady(forecast["whole_job_s"], forecast["pages"], forecast["sections"], forecast["tokens"],
                               forecast, time.monotonic()))
         profile = resolve_profile(settings, usable[0][1])
-        render(profile.section_template, settings.templates, book="", part="", chapter="", section="", words=1,
-               book_phrase="")  # a broken template fails now, not after planning
+        check_templates(settings, profile)  # a broken template fails now, not after planning
 
         if self.mode == Mode() and journal.outline is not None:
             _warn_if_edited(self.out_dir, journal.outline)
         writer = Writer(settings, profile, bus, journal, handle_sigint=self.handle_sigint,
                         shared=self.shared is not None)
+        writer.library_index = self.shared.dedupe if self.shared is not None else None
         from ..typeset.background import for_job  # typesetting while writing: None when it cannot help
 
         # a library's books make no PDF while writing: a pool per book in flight would be dozens of processes

@@ -21,13 +21,12 @@ import anyio
 import anyio.abc
 
 from ..book.assemble import SectionText
-from ..book.checks import loop_reason, norm_title
+from ..book.crossdup import CrossIndex
 from ..core.config import Settings
 from ..core.errors import Interrupted
 from ..core.events import Event, LevelPlanned, NodeFinished, OutlineReady
 from ..core.outline import Outline, SectionRef
 from ..core.profiles import Profile
-from ..core.prompts import book_phrase, render
 from ..core.reply import Reply
 from ..core.states import NodeKind, Stop
 from ..dispatch.dispatcher import Dispatcher
@@ -36,7 +35,10 @@ from ..dispatch.journal import Journal
 from ..metrics.readers import readers
 from ..planning import Planner
 from ..wire.client import BackendClient
+from .repairs import Accepted, partners_across, partners_within, repair_code, repair_duplicates, repair_notes
 from .report import BackendFigures
+from .section_check import SectionCheck, accepted_value, order_base
+from .section_prompt import affinity_key, section_context, section_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -111,6 +113,9 @@ class Writer:
         self.handle_sigint = handle_sigint
         self.stop: Stop | None = None
         self.sections: dict[str, SectionText] = {}
+        self.accepted: dict[str, Accepted] = {}  # sections as accepted, for the repairs' re-asks (job/repairs.py)
+        self.rewritten = 0  # near-duplicate sections asked again
+        self.library_index: CrossIndex | None = None  # a library's finished books, with --dedupe reask
         self.resumed_sections = 0
         self.t_write_start: float | None = None
         self.t_write_end: float | None = None
@@ -147,12 +152,14 @@ class Writer:
                                       title: str) -> None:
                         # pipeline: called the moment the title has streamed past in its chapter's list
                         ref = SectionRef(f"{chapter_path}.{si}", book, part, chapter, title)
-                        work.start_soon(self._section, dispatcher, ref, _order_base(chapter_path, settings) + si)
+                        work.start_soon(self._section, dispatcher, ref, order_base(chapter_path, settings) + si)
 
                     if outline is None:
-                        outline = await planner.plan(on_section=None if plan_only else section_ready)
+                        # --context outline: a section carries its chapter's and part's titles, known once planned
+                        starts = None if plan_only or settings.context == "outline" else section_ready
+                        outline = await planner.plan(on_section=starts)
                         journal.store_outline(outline)
-                        pipelined = settings.pipeline
+                        pipelined = settings.pipeline and starts is not None
                     else:
                         pipelined = False  # the journal's outline: every section can go at once
                         now = time.monotonic()
@@ -163,6 +170,7 @@ class Writer:
                     if not pipelined and not plan_only:
                         for order, ref in enumerate(outline.sections()):
                             work.start_soon(self._section, dispatcher, ref, order)
+                await self._repair_duplicates(dispatcher, plan_only)
             if self.stop == Stop.CANCEL:
                 raise Interrupted(stopped_message(journal, "stopped at once (second Ctrl-C)"))
             if not self.shared:
@@ -209,12 +217,8 @@ class Writer:
         settings, profile = self.settings, self.profile
         words = ref.words or settings.words
         max_tokens = settings.max_tokens_for(words)
-        context = ref.context(words)
-        text = render(
-            profile.section_template, settings.templates, book=ref.book, part=ref.part,
-            chapter=ref.chapter, section=ref.title, words=words, book_phrase=book_phrase(ref.book),
-        )
-        messages = profile.messages(text)
+        context = section_context(ref, settings, words)
+        messages = profile.messages(section_text(ref, settings, profile, words))
         check = SectionCheck(ref.title)
         stream = settings.streams_sections(dispatcher.wants_deltas)
 
@@ -233,20 +237,24 @@ class Writer:
         # anything else is asked again. A stored section is taken as it was accepted (its repair note comes back).
         outcome = await dispatcher.run(
             ref.path, NodeKind.SECTION, ref.title, build, check, priority=(1, order),
-            restore=lambda stored: _accepted(stored.value), keep=lambda value: {**value, "context": context},
-            context=context,
+            restore=lambda stored: accepted_value(stored.value), keep=lambda value: {**value, "context": context},
+            context=context, affinity=affinity_key(ref, settings),
         )
         r = outcome.reply
+        value = {**(outcome.value or {}), "context": context}
         if outcome.attempts == 0:
             self.resumed_sections += 1
         elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
-            r = await self._finish(dispatcher, ref, messages, r, {**(outcome.value or {}), "context": context})
-        repaired = (outcome.value or {}).get("repaired_from") if r.ok else None
+            r = await self._finish(dispatcher, ref, messages, r, value)
+        if r.ok and settings.repairs:
+            done = Accepted(ref.title, r, value, tuple(messages), max_tokens)
+            r, value = await repair_code(dispatcher, self.journal, ref.path, done, self._body(stream))
+            self.accepted[ref.path] = replace(done, reply=r, value=value)
         self.sections[ref.path] = SectionText(
             ref.path, ref.part, ref.chapter, ref.title,
             r.text if r.ok else "", r.finish_reason, r.completion_tokens, r.backend or None,
             None if r.ok else f"failed after {outcome.attempts} attempts: {r.error}",
-            repaired_from=repaired,
+            **(repair_notes(value) if r.ok else {}),
         )
         if r.ok:
             self.bus(NodeFinished(ref.path, NodeKind.SECTION, ref.title, r, time.monotonic()))
@@ -254,12 +262,34 @@ class Writer:
             # written: assembling the book and counting its defects after the last one (which the PDF waits for)
             # then only join texts and compare shingles (~1 ms a section off the critical path).
             _ = self.sections[ref.path].body, self.sections[ref.path].shingles
-            if r is outcome.reply and "loop" in (outcome.value or {}):  # the check looked at this very text
-                self.sections[ref.path].__dict__["loop"] = outcome.value["loop"]  # type: ignore[index]
+            if r is outcome.reply and "loop" in value:  # the check looked at this very text
+                self.sections[ref.path].__dict__["loop"] = value["loop"]
         if self.on_section is not None:
             self.on_section(self.sections[ref.path])
         if outcome.attempts:
             self.t_write_end = time.monotonic()
+
+    async def _repair_duplicates(self, dispatcher: Dispatcher, plan_only: bool) -> None:
+        """Once every section is in: the later section of each near-duplicate pair is asked again (job/repairs.py)."""
+        if plan_only or not self.settings.repairs or self.stop is not None or not self.accepted:
+            return
+        stream = self.settings.streams_sections(dispatcher.wants_deltas)
+        partner = partners_within(self.sections, self.accepted)
+        if self.library_index is not None:  # a library's --dedupe reask: against the books finished before
+            partner.update(partners_across(self.library_index, self.sections, self.accepted, partner))
+        self.rewritten = len(partner)
+        paths = await repair_duplicates(dispatcher, self.journal, self.sections, self.accepted, self._body(stream),
+                                        partner)
+        for path in paths:  # the typesetter lays the new text out (its items are keyed by content)
+            if self.on_section is not None:
+                self.on_section(self.sections[path])
+
+    def _body(self, stream: bool) -> Callable[[BackendClient, list[dict[str, str]], int], dict]:
+        """A re-ask's request body (job/repairs.py): the section's own sampling, other messages."""
+        profile = self.profile
+        return lambda client, messages, max_tokens: client.body(
+            messages, max_tokens=max_tokens, temperature=profile.temperature, sampling=profile.sampling(),
+            stream=stream)
 
     async def _finish(self, dispatcher: Dispatcher, ref: SectionRef, messages: list[dict[str, str]], first: Reply,
                       value: Any = None) -> Reply:
@@ -343,40 +373,3 @@ class Writer:
             while fleet.in_flight:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         writing.cancel()
-
-
-class SectionCheck:
-    """Validates a section reply (the Dispatcher retries what raises ValueError).
-
-    * A reply that holds nothing but headings repeating its own title (a small model printing the heading and
-      stopping) is empty: asked again like an empty answer.
-    * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
-      anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
-      too, and defects.json reports it. The value is ``{"repaired_from": why, "loop": why the accepted text still
-      loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it)."""
-
-    def __init__(self, title: str):
-        self.want = norm_title(title)
-        self.loop: str | None = None  # why the first answer looped, once it did
-
-    def __call__(self, reply: Reply) -> dict[str, str | None]:
-        if not any(s and norm_title(s) != self.want
-                   for s in (line.strip().strip("#*_=- ").strip() for line in reply.text.splitlines())):
-            raise ValueError("the reply only repeats the section heading")
-        if self.loop is None:
-            why = loop_reason(reply.text)
-            if why:
-                self.loop = why
-                raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
-            return {"repaired_from": None, "loop": None}
-        return {"repaired_from": self.loop, "loop": loop_reason(reply.text)}
-
-
-def _order_base(chapter_path: str, settings: Settings) -> int:
-    pi, ci = (int(x) for x in chapter_path.split("."))
-    return ((pi - 1) * settings.chapters + (ci - 1)) * (settings.sections + 1)
-
-
-def _accepted(value: Any) -> dict[str, Any]:
-    """A stored section's accepted value (its repair note), without the context it was journaled with."""
-    return {k: v for k, v in value.items() if k != "context"} if isinstance(value, dict) else {}

@@ -44,6 +44,7 @@ WRONG = [
     ("stream_sections", True, "str"),
     ("context", 3, "str"),
     ("distinct_titles", "no", "bool"),
+    ("repairs", 1, "bool"),
     ("parts", 2.5, "int"),
     ("parts", 3.0, "int"),
     ("parts", "8", "int"),
@@ -221,7 +222,8 @@ VALID: dict[str, typing.Any] = {
     "all_down_timeout_s": 1.5, "profile": "small", "top_p": 0.9, "repetition_penalty": 1.1,
     "frequency_penalty": -0.5, "system": "Be brief.", "planning": "list", "finish_truncated": True, "pages": 40,
     "minutes": 2, "ladder": "/tmp/ladder.json", "forecast": True, "timeline": True, "typeset_while_writing": False,
-    "stream_sections": "never", "context": "none", "distinct_titles": False,
+    "stream_sections": "never", "context": "outline", "distinct_titles": False,
+    "repairs": True,
 }
 
 
@@ -316,6 +318,6 @@ def test_stream_sections_chooses_by_who_reads_the_text():
 def test_context_is_outline_or_none_and_the_published_preset_keeps_the_reference_requests():
     from orchestrator.core.config import PRESETS
 
-    assert Settings().context == "outline" and Settings().distinct_titles is True
+    assert Settings().context == "none" and Settings().distinct_titles is True and Settings().repairs is False
     assert PRESETS["published-take"]["context"] == "none" and PRESETS["published-take"]["distinct_titles"] is False
     assert "context must be one of outline, none; got 'plan'" in refused(Settings, context="plan")

@@ -1,0 +1,49 @@
+"""The check every section reply passes before it is accepted (:class:`SectionCheck`), and the small rules the
+Writer orders and resumes sections by."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..book.checks import loop_reason, norm_title
+from ..core.config import Settings
+from ..core.reply import Reply
+
+__all__ = ["SectionCheck", "accepted_value", "order_base"]
+
+
+class SectionCheck:
+    """Validates a section reply (the Dispatcher retries what raises ValueError).
+
+    * A reply that holds nothing but headings repeating its own title (a small model printing the heading and
+      stopping) is empty: asked again like an empty answer.
+    * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
+      anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
+      too, and defects.json reports it. The value is ``{"repaired_from": why, "loop": why the accepted text still
+      loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it)."""
+
+    def __init__(self, title: str):
+        self.want = norm_title(title)
+        self.loop: str | None = None  # why the first answer looped, once it did
+
+    def __call__(self, reply: Reply) -> dict[str, str | None]:
+        if not any(s and norm_title(s) != self.want
+                   for s in (line.strip().strip("#*_=- ").strip() for line in reply.text.splitlines())):
+            raise ValueError("the reply only repeats the section heading")
+        if self.loop is None:
+            why = loop_reason(reply.text)
+            if why:
+                self.loop = why
+                raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
+            return {"repaired_from": None, "loop": None}
+        return {"repaired_from": self.loop, "loop": loop_reason(reply.text)}
+
+
+def order_base(chapter_path: str, settings: Settings) -> int:
+    pi, ci = (int(x) for x in chapter_path.split("."))
+    return ((pi - 1) * settings.chapters + (ci - 1)) * (settings.sections + 1)
+
+
+def accepted_value(value: Any) -> dict[str, Any]:
+    """A stored section's accepted value (its repair note), without the context it was journaled with."""
+    return {k: v for k, v in value.items() if k != "context"} if isinstance(value, dict) else {}
