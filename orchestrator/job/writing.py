@@ -246,9 +246,10 @@ class Writer:
             self.resumed_sections += 1
         elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
             r = await self._finish(dispatcher, ref, messages, r, value)
-        if r.ok and settings.repairs:
+        if r.ok and (settings.repairs or self.library_index is not None):  # kept for the re-asks of job/repairs.py
             done = Accepted(ref.title, r, value, tuple(messages), max_tokens)
-            r, value = await repair_code(dispatcher, self.journal, ref.path, done, self._body(stream))
+            if settings.repairs:
+                r, value = await repair_code(dispatcher, self.journal, ref.path, done, self._body(stream))
             self.accepted[ref.path] = replace(done, reply=r, value=value)
         self.sections[ref.path] = SectionText(
             ref.path, ref.part, ref.chapter, ref.title,
@@ -271,10 +272,10 @@ class Writer:
 
     async def _repair_duplicates(self, dispatcher: Dispatcher, plan_only: bool) -> None:
         """Once every section is in: the later section of each near-duplicate pair is asked again (job/repairs.py)."""
-        if plan_only or not self.settings.repairs or self.stop is not None or not self.accepted:
+        if plan_only or self.stop is not None or not (self.settings.repairs or self.library_index is not None):
             return
         stream = self.settings.streams_sections(dispatcher.wants_deltas)
-        partner = partners_within(self.sections, self.accepted)
+        partner = partners_within(self.sections, self.accepted) if self.settings.repairs else {}
         if self.library_index is not None:  # a library's --dedupe reask: against the books finished before
             partner.update(partners_across(self.library_index, self.sections, self.accepted, partner))
         self.rewritten = len(partner)

@@ -1,0 +1,61 @@
+"""``handbook library --dedupe reask``: a section that nearly repeats a section of a book finished before is asked
+again once, told the other's title and first sentence; the dataset holds the new text; without it nothing is asked
+again and defects.json reports the pair across books."""
+
+from __future__ import annotations
+
+import json
+
+from cli_run import handbook
+from scripted_book import book_answer
+from scripted_openai import Answer, Request, ScriptedServer, prose
+
+SAME = ("A queue decouples the producer from the consumer, so that a slow reader never blocks a fast writer. Its "
+        "length is the first thing to watch: a queue that only grows means the readers cannot keep up. Bound it, and "
+        "decide in advance what happens when it is full: drop, block, or shed the oldest. Every message needs an id, "
+        "so that a retry can be told from a second order.")
+
+
+def _answer(req: Request) -> Answer:
+    """Both books have the same titles (book_answer): every section differs from the other book's (its text is
+    drawn by title and by how many times that title was asked) but "Basics 1", the same in both."""
+    if req.kind == "section":
+        last = req.body["messages"][-1]["content"]
+        if "Another section" in last:
+            return Answer(prose(req.title + " again"))
+        if req.title == "Basics 1":
+            return Answer(f"This section is about {req.title}. {SAME}")
+        return Answer(prose(req.title) if req.nth == 1 else f"This section is about {req.title}. "
+                      + prose(f"{req.title} #{req.nth}").split(". ", 1)[1])
+    return book_answer(req)
+
+
+def _library(tmp_path, url: str, *more: str):
+    file = tmp_path / "lib.jsonl"
+    file.write_text("".join(json.dumps({"id": f"b{i}", "prompt": f"A test book number {i}", "parts": 1,
+                                        "chapters": 2, "sections": 4}) + "\n" for i in range(2)))
+    out = tmp_path / "out"
+    run = handbook("library", str(file), "--out", str(out), "--backend", url, "--books-in-flight", "1", "--stream-sections", "always", "-q", *more)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def test_a_section_repeating_a_finished_books_is_asked_again_once(tmp_path):
+    import pyarrow.parquet as pq
+
+    with ScriptedServer(_answer) as srv:
+        out = _library(tmp_path, srv.url, "--dedupe", "reask")
+        again = [r for r in srv.of("section") if "Another section" in r.body["messages"][-1]["content"]]
+    assert len(again) == 1, "exactly the later book's section is asked again, once"
+    assert '"Basics 1", already says: "This section is about Basics 1."' in again[0].body["messages"][-1]["content"]
+    rows = pq.read_table(out / "sections.parquet").to_pylist()
+    texts = {(r["book_id"], r["path"]): r["text"] for r in rows}
+    assert "A queue decouples" in texts[("b0", "1.1.1")] and "A queue decouples" not in texts[("b1", "1.1.1")]
+    assert json.loads((out / "defects.json").read_text())["near_duplicate_sections"]["across_books"] == 0
+
+
+def test_without_reask_the_pair_is_reported_and_nothing_asked_again(tmp_path):
+    with ScriptedServer(_answer) as srv:
+        out = _library(tmp_path, srv.url)
+        assert not [r for r in srv.of("section") if "Another section" in r.body["messages"][-1]["content"]]
+    assert json.loads((out / "defects.json").read_text())["near_duplicate_sections"]["across_books"] == 1
