@@ -46,7 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--kv-tokens", type=int, default=d.kv_tokens,
                    help=f"KV cache size in tokens (default {d.kv_tokens}: ~309 streams of ~560 tokens)")
     e.add_argument("--prefill-ms-per-token", type=float, default=d.prefill_ms_per_token,
-                   help=f"prefill cost per prompt token (default {d.prefill_ms_per_token})")
+                   help=f"prefill cost per computed prompt token (default {d.prefill_ms_per_token}: a 27B model "
+                        "on the reference's card)")
+    e.add_argument("--no-prefix-caching", action="store_true",
+                   help="no prefix cache (vLLM's --no-enable-prefix-caching): every prompt token is computed and "
+                        "the KV reservation is counted in tokens")
+    e.add_argument("--block-size", type=int, default=d.block_size,
+                   help=f"tokens per KV block, the prefix cache's unit (default {d.block_size})")
     e.add_argument("--stream-interval", type=int, default=d.stream_interval,
                    help=f"tokens per streamed chunk (default {d.stream_interval})")
     e.add_argument("--time-scale", type=float, default=1.0,
@@ -90,7 +96,8 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, int, int, int]:
         raise ConfigError(f"--model must be a non-empty name without spaces, got {args.model!r}")
     eng = EngineConfig(step_ms=args.step_ms, per_stream_ms=args.per_stream_ms, max_seqs=args.max_seqs,
                        kv_tokens=args.kv_tokens, prefill_ms_per_token=args.prefill_ms_per_token,
-                       stream_interval=args.stream_interval, time_scale=args.time_scale)
+                       stream_interval=args.stream_interval, time_scale=args.time_scale,
+                       prefix_caching=not args.no_prefix_caching, block_size=args.block_size)
     cfg = SimConfig(model=args.model, engine=eng, json_schema=not args.no_json_schema,
                     max_model_len=args.max_model_len, fail_rate=args.fail_rate,
                     rate_limit_rate=args.rate_limit_rate, empty_rate=args.empty_rate, drop_rate=args.drop_rate,
@@ -112,10 +119,13 @@ def _check_sizes(args: argparse.Namespace, cards: int) -> None:
             raise ConfigError(f"--{name} must be a non-negative number, got {v}")
     if args.time_scale <= 0:
         raise ConfigError(f"--time-scale must be positive, got {args.time_scale}")
-    for name, v in {"max-seqs": args.max_seqs, "kv-tokens": args.kv_tokens,
+    for name, v in {"max-seqs": args.max_seqs, "kv-tokens": args.kv_tokens, "block-size": args.block_size,
                     "stream-interval": args.stream_interval, "max-model-len": args.max_model_len}.items():
         if v < 1:
             raise ConfigError(f"--{name} must be a positive integer, got {v}")
+    if not args.no_prefix_caching and args.kv_tokens < args.block_size:
+        raise ConfigError(f"--kv-tokens ({args.kv_tokens}) must hold at least one block of --block-size "
+                          f"({args.block_size}) tokens")
 
 
 def _check_faults(args: argparse.Namespace) -> None:

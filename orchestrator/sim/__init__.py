@@ -1,6 +1,8 @@
 """The vLLM-like simulator: one OpenAI-compatible HTTP server per simulated GPU card.
 
-* :mod:`orchestrator.sim.engine` - the engine model (continuous batching, linear step cost, KV limit);
+* :mod:`orchestrator.sim.engine` - the engine model (continuous batching, linear step cost, KV limit), with
+  :mod:`~orchestrator.sim.prefix` (the prefix cache: prompts as tokens, chained block hashes, the block pool) and
+  :mod:`~orchestrator.sim.hist` (its latency histograms);
 * :mod:`orchestrator.sim.text` - deterministic answers (title lists, JSON, Markdown prose) and tokenisation,
   built by :mod:`~orchestrator.sim.titles` and :mod:`~orchestrator.sim.prose` from the word banks of
   :mod:`~orchestrator.sim.words` (``words.toml``) about the :mod:`~orchestrator.sim.context` of the prompt;

@@ -1,9 +1,16 @@
 """The engine model of one simulated GPU card: continuous batching with a linear step cost.
 
 One loop per card. A decoding step costs ``(step_ms + per_stream_ms * running) * time_scale`` milliseconds, plus
-``prefill_ms_per_token * time_scale`` for every prompt token admitted in that step. Every running stream gets one
-token per step. At most ``max_seqs`` streams run; fewer when their KV reservation (prompt tokens plus the tokens
-the stream will generate) would overflow ``kv_tokens``. The rest wait, first in first out.
+``prefill_ms_per_token * time_scale`` for every prompt token admitted in that step that the prefix cache did not
+hold. Every running stream gets one token per step. At most ``max_seqs`` streams run; fewer when their KV
+reservation (prompt tokens plus the tokens the stream will generate) would overflow ``kv_tokens``. The rest wait,
+first in first out; nothing is preempted.
+
+With ``prefix_caching`` (the default, as in vLLM v1) the KV budget is a pool of ``kv_tokens // block_size`` blocks
+(:mod:`.prefix`): a stream's full prompt blocks are cached and shared (a block several streams hold counts once),
+the longest cached chain of a new prompt's blocks costs no prefill (its last token is always computed), and the
+blocks of ended streams stay cached until new ones need the room (least recently used first). Without it the
+reservation is counted in tokens, as before the cache, and every prompt token is computed.
 
 The hot path is integer arithmetic: streams are bucketed by the step they were admitted in modulo the stream
 interval, so a step touches only the streams that emit a chunk in it (``running / stream_interval`` of them) and
@@ -14,7 +21,6 @@ as long as the process keeps up; when it does not, the slip is recorded in ``lat
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import time
 import traceback
@@ -22,43 +28,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .hist import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Hist
 from .power import PowerMeter
-
-# vLLM's buckets (vllm/v1/metrics/loggers.py) for vllm:time_to_first_token_seconds, ...
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-# ... vllm:inter_token_latency_seconds (one observation per running stream per step, the step's wall time) ...
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-# ... and vllm:e2e_request_latency_seconds (arrival to the last token, of requests that finished).
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
-
-
-class Hist:
-    """One histogram's plain counts (per bucket, not cumulative; the last is +Inf), read at scrape time."""
-
-    __slots__ = ("bounds", "counts", "n", "total")
-
-    def __init__(self, bounds: tuple[float, ...]):
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, seconds: float, times: int = 1) -> None:
-        self.counts[bisect.bisect_left(self.bounds, seconds)] += times  # first bucket with seconds <= bound
-        self.total += seconds * times
-        self.n += times
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """Prometheus' buckets: (le, cumulative count), +Inf last."""
-        out, acc = [], 0
-        for b, k in zip(self.bounds, self.counts, strict=False):
-            acc += k
-            out.append((repr(float(b)), float(acc)))
-        out.append(("+Inf", float(self.n)))
-        return out
+from .prefix import BLOCK_SIZE, BlockPool
 
 
 @dataclass(frozen=True)
@@ -67,12 +39,21 @@ class EngineConfig:
     per_stream_ms: float = 0.2451
     max_seqs: int = 512
     kv_tokens: int = 173_000
-    prefill_ms_per_token: float = 0.02
+    # Prefill of a 27B dense model costs 2 x 27e9 = 54 GFLOP a token; the reference's card (Qwen3.8-27B NVFP4, one
+    # GPU) behaves like a ~1.8 TB/s, 96 GB, 600 W Blackwell card (its 12.94 ms step at one stream reads the ~16 GB
+    # of weights at ~1.3 TB/s; a B200 would take ~3 ms), whose dense FP4 peak is ~2 PFLOPS: at ~40% of it (FP4
+    # GEMMs, BF16 attention and the rest) prefill runs at ~0.77 PFLOPS, 0.07 ms (14k tokens/s) a token. The
+    # reference's TTFT agrees: 256 streams of 48 tokens arriving together cost one step of 12.94 + 0.2451 x 256 +
+    # 0.07 x 12,288 = 936 ms (measured median 935), 128 streams 474 ms (449); at 1 stream it only bounds the rate
+    # (23 ms - a 13.7 ms step leaves 9 ms for 48 tokens and the server's own overhead).
+    prefill_ms_per_token: float = 0.07
     stream_interval: int = 4
     time_scale: float = 1.0
+    prefix_caching: bool = True  # vLLM v1's automatic prefix caching (--no-prefix-caching turns it off)
+    block_size: int = BLOCK_SIZE  # tokens per KV block: the unit of the prefix cache and, with it, of the budget
 
     def step_s(self, running: int, prefill_tokens: int = 0) -> float:
-        """Wall seconds of one step with ``running`` streams and ``prefill_tokens`` newly admitted prompt tokens."""
+        """Wall seconds of one step with ``running`` streams and ``prefill_tokens`` prompt tokens to compute."""
         ms = self.step_ms + self.per_stream_ms * running + self.prefill_ms_per_token * prefill_tokens
         return ms * self.time_scale / 1000.0
 
@@ -88,11 +69,14 @@ class Stream:
 
     __slots__ = (
         "admit",
+        "blocks",
         "cancelled",
         "count",
         "done",
+        "hit",
         "n",
         "need",
+        "own",
         "prompt_tokens",
         "sink",
         "state",
@@ -101,12 +85,15 @@ class Stream:
         "waiter",
     )
 
-    def __init__(self, prompt_tokens: int, n: int):
+    def __init__(self, prompt_tokens: int, n: int, blocks: tuple[bytes, ...] = ()):
         if n < 1:
             raise ValueError("a stream generates at least one token")
         self.prompt_tokens = prompt_tokens
         self.n = n
-        self.need = prompt_tokens + n  # KV reservation
+        self.need = prompt_tokens + n  # KV reservation, in tokens (without the prefix cache)
+        self.blocks = blocks  # the hashes of the prompt's full blocks (prefix.prompt_blocks); () if none given
+        self.hit = 0  # of them, how many the prefix cache held at admission
+        self.own = 0  # blocks reserved for this stream alone: its partial prompt block and its generation
         self.admit = -1
         self.count = 0
         self.done = False
@@ -141,12 +128,16 @@ class Engine:
         self.finishing: dict[int, list[Stream]] = {}
         self.running = 0
         self.step_no = 0
-        self.kv_reserved = 0
-        self._sum_prompt = 0  # of running streams
+        self.kv_reserved = 0  # tokens (without the prefix cache)
+        self.pool = self._new_pool()  # KV blocks (with it)
+        self._sum_prompt = 0  # of running streams: their prompt tokens outside cached blocks
         self._sum_admit = 0  # of running streams
         # counters (monotonic)
         self.generation_tokens = 0
-        self.prompt_tokens = 0
+        self.prompt_tokens = 0  # every prompt token admitted (vllm:prompt_tokens_total) ...
+        self.prefix_queries = 0  # ... looked up in the prefix cache (all of them, as before the cache) ...
+        self.prefix_hits = 0  # ... found there ...
+        self.prefill_computed = 0  # ... and computed (not found): what cost prefill time
         self.steps = 0
         self.busy_s = 0.0  # modelled wall seconds spent in steps
         self.late_s = 0.0  # how far steps slipped behind their deadlines, summed
@@ -208,6 +199,7 @@ class Engine:
         self.finishing.clear()
         self.running = 0
         self.kv_reserved = 0
+        self.pool = self._new_pool()  # a server that went down comes back with an empty cache
         self._sum_prompt = 0
         self._sum_admit = 0
 
@@ -217,16 +209,65 @@ class Engine:
 
     @property
     def kv_used(self) -> int:
-        """KV tokens in use now: prompt plus generated tokens of running streams."""
-        return self._sum_prompt + self.running * self.step_no - self._sum_admit
+        """KV tokens in use now: prompt plus generated tokens of running streams (a cached prompt block that
+        several share, once; cached blocks no stream holds are free, as vLLM's usage counts them)."""
+        shared = self.pool.held * self.cfg.block_size if self.pool is not None else 0
+        return shared + self._sum_prompt + self.running * self.step_no - self._sum_admit
+
+    def cache_stats(self) -> dict:
+        """The prefix cache's counters, in tokens (``prefill_tokens_computed``: the admitted prompt tokens that cost
+        prefill time; the rest were hits), and its blocks now (None without the cache), for ``/sim/stats``."""
+        pool = self.pool
+        return {
+            "prefix_caching": pool is not None, "prefix_cache_queries": self.prefix_queries,
+            "prefix_cache_hits": self.prefix_hits, "prefill_tokens_computed": self.prefill_computed,
+            "kv_blocks": pool.capacity if pool else None, "kv_blocks_used": pool.used if pool else None,
+            "kv_blocks_cached": len(pool.refs) if pool else None,
+            "kv_blocks_evicted": pool.evictions if pool else None,
+        }
 
     # -- internals --------------------------------------------------------------------------------------------
+    def _new_pool(self) -> BlockPool | None:
+        cfg = self.cfg
+        return BlockPool(cfg.kv_tokens // cfg.block_size) if cfg.prefix_caching else None
+
     def _release(self, s: Stream) -> None:
         self.buckets[s.admit % len(self.buckets)].discard(s)
         self.running -= 1
-        self.kv_reserved -= s.need
-        self._sum_prompt -= s.prompt_tokens
+        if self.pool is not None:
+            self.pool.release(s.blocks, s.own)
+            self._sum_prompt -= s.prompt_tokens - len(s.blocks) * self.cfg.block_size
+        else:
+            self.kv_reserved -= s.need
+            self._sum_prompt -= s.prompt_tokens
         self._sum_admit -= s.admit
+
+    def _reserve_tokens(self, s: Stream) -> int:
+        """Without the prefix cache: reserve the stream's prompt and generation in tokens; returns the prompt
+        tokens to compute, or -1 when the stream does not fit beside the running ones."""
+        if self.running and self.kv_reserved + s.need > self.cfg.kv_tokens:
+            return -1
+        self.kv_reserved += s.need
+        self._sum_prompt += s.prompt_tokens
+        self.prefix_queries += s.prompt_tokens  # looked up and never found, as /metrics reported before the cache
+        return s.prompt_tokens
+
+    def _reserve_blocks(self, s: Stream) -> int:
+        """With the prefix cache: hold the stream's prompt blocks (the cached leading ones are hits) and its own
+        blocks; returns the prompt tokens to compute, or -1 when its new blocks do not fit even after evicting
+        every free cached block (the first stream beside none is admitted anyway, as without the cache)."""
+        pool, bs, p = self.pool, self.cfg.block_size, s.prompt_tokens
+        assert pool is not None
+        hit = pool.match(s.blocks, (p - 1) // bs)  # never the whole prompt: its last token is always computed
+        own = -(-(p + s.n) // bs) - len(s.blocks)  # ceil: the blocks of prompt and generation, less the cached ones
+        if self.running and not pool.fits(s.blocks, hit, own):
+            return -1
+        pool.acquire(s.blocks, own)
+        s.hit, s.own = hit, own
+        self._sum_prompt += p - len(s.blocks) * bs
+        self.prefix_queries += p
+        self.prefix_hits += hit * bs
+        return p - hit * bs
 
     def _admit(self) -> int:
         cfg = self.cfg
@@ -235,9 +276,11 @@ class Engine:
         waiting = self.waiting
         k = self.step_no
         nb = len(self.buckets)
+        reserve = self._reserve_tokens if self.pool is None else self._reserve_blocks
         while waiting and self.running < cfg.max_seqs:
             s = waiting[0]
-            if self.running and self.kv_reserved + s.need > cfg.kv_tokens:
+            compute = reserve(s)
+            if compute < 0:
                 break
             waiting.popleft()
             s.state = 2
@@ -245,14 +288,12 @@ class Engine:
             self.buckets[k % nb].add(s)
             self.finishing.setdefault(k + s.n - 1, []).append(s)
             self.running += 1
-            self.kv_reserved += s.need
-            self._sum_prompt += s.prompt_tokens
             self._sum_admit += k
-            prefill += s.prompt_tokens
+            self.prompt_tokens += s.prompt_tokens
+            prefill += compute
             admitted += 1
         self._admitted = admitted
-        if prefill:
-            self.prompt_tokens += prefill
+        self.prefill_computed += prefill
         return prefill
 
     async def _loop(self) -> None:

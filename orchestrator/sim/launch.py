@@ -7,7 +7,8 @@
         fleet.metrics_text(0)
 
 Keyword flags map to ``handbook sim`` flags: ``time_scale=2.0`` -> ``--time-scale 2.0``, ``no_json_schema=True``
--> ``--no-json-schema`` (False or None: left out), ``down_cards=[0, 2]`` -> ``--down-cards 0,2``.
+-> ``--no-json-schema`` (False or None: left out), ``down_cards=[0, 2]`` -> ``--down-cards 0,2``,
+``no_prefix_caching=True`` -> ``--no-prefix-caching`` (cards without the prefix cache, as before it).
 """
 
 from __future__ import annotations

@@ -62,11 +62,11 @@ class _Collector(Collector):
         yield kv
         q = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried "
                                 "tokens.", labels=labels)
-        q.add_metric(val, float(e.prompt_tokens))  # every prompt token is looked up ...
+        q.add_metric(val, float(e.prefix_queries))  # every admitted prompt token is looked up ...
         yield q
         hit = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
                                   "tokens.", labels=labels)
-        hit.add_metric(val, 0.0)  # ... and none is found: the simulator has no prefix cache
+        hit.add_metric(val, float(e.prefix_hits))  # ... and these were found (0 with --no-prefix-caching)
         yield hit
         s = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                 labels=["model_name", "finished_reason"])

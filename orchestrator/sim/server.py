@@ -26,6 +26,7 @@ from .engine import Engine, EngineConfig, Stream
 from .faults import Faults
 from .metrics import CardMetrics
 from .power import dcgm_text
+from .prefix import prompt_blocks
 
 __all__ = ["Card", "SimConfig"]
 
@@ -196,6 +197,7 @@ class Card:
             "generation_tokens": e.generation_tokens, "prompt_tokens": e.prompt_tokens,
             "completion_tokens_reported": self.completion_tokens,
             "running": e.running, "waiting": e.num_waiting, "kv_used": e.kv_used,
+            **e.cache_stats(),
             "finished": dict(self.finished), "faults": dict(self.faults.counts),
             "steps": e.steps, "busy_s": e.busy_s, "late_s": e.late_s, "resyncs": e.resyncs,
             "energy_mj": e.power.energy_mj,
@@ -280,8 +282,15 @@ class Card:
             drop_at = self.faults.drop_point(n)
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
-        s = Stream(ask.prompt_tokens, n) if n > 0 else None
+        s = Stream(ask.prompt_tokens, n, self._blocks(ask)) if n > 0 else None
         return Reply(s, pieces, n, finish, rid, created, ask.prompt_tokens, ask.include_usage, drop_at)
+
+    def _blocks(self, ask: Ask) -> tuple[bytes, ...]:
+        """The hashes of the prompt's full blocks, for the prefix cache (none without it: nothing to look up)."""
+        eng = self.cfg.engine
+        if not eng.prefix_caching:
+            return ()
+        return prompt_blocks(ask.body["messages"], ask.prompt_tokens, eng.block_size)
 
     def _finish(self, finish: str, n: int) -> None:
         self.completed += 1
