@@ -9,9 +9,10 @@ counted from 1 over the section's text, ``text.split("\\n")``.
   under its name: ``python``/``py``/``python3``/``py3`` as ``python``, ``json``, ``toml``, ``yaml``/``yml`` as
   ``yaml``; any other tag counts under itself.
 - Parsers at hand: Python (``ast.parse``, which checks syntax only: a top-level ``return`` or ``await`` passes, and
-  syntax newer than the interpreter running the check fails), JSON (``json.loads``), TOML (``tomllib.loads``).
-  YAML has none: PyYAML is no dependency of the project (not installed in its environment), so ``yaml`` blocks, like
-  untagged and unknown ones, are seen but not checked.
+  syntax newer than the interpreter running the check fails), JSON (``json.loads``), TOML (``tomllib.loads``), YAML
+  (PyYAML's ``compose_all``: every document of a stream, syntax only, like ``ast.parse``, so an application's own
+  tags such as CloudFormation's ``!Ref`` and a template's ``{{ value }}`` keys, which only constructing the values
+  would refuse, pass). Untagged and unknown blocks are seen but not checked.
 - Each code line loses up to as many leading spaces as its opening fence is indented (CommonMark's rule, so a block
   in a list item indented at most 3 spaces parses); a CRLF's ``"\\r"`` is dropped.
 - A Python block holding a ``>>>`` prompt is a REPL transcript (as ``defects`` counts it): only its ``>>>``/``...``
@@ -35,6 +36,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from .fences import fenced_blocks
 
@@ -239,4 +242,17 @@ def _toml(lines: list[str]) -> tuple[int, str] | None:
     return None
 
 
-_PARSERS: dict[str, _Parser] = {"python": _python, "json": _json, "toml": _toml}
+def _yaml(lines: list[str]) -> tuple[int, str] | None:
+    try:
+        for _ in yaml.compose_all("\n".join(lines), Loader=yaml.SafeLoader):
+            pass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark  # 0-based line of where the parser stopped
+        problem = " ".join(x for x in (e.context, e.problem) if x) or "does not parse"
+        return _clamp(mark.line + 1 if mark is not None else None, lines), _one_line(type(e).__name__, problem)
+    except (yaml.YAMLError, RecursionError) as e:
+        return 1, _one_line(type(e).__name__, str(e))
+    return None
+
+
+_PARSERS: dict[str, _Parser] = {"python": _python, "json": _json, "toml": _toml, "yaml": _yaml}

@@ -6,7 +6,7 @@ with is then recorded over the section's journal entry, with a mark saying the r
 repeats none (``Journal.record``: the value's ``code_repair`` / ``dedupe``).
 
 * **Code** (:func:`repair_code`, right after a section is accepted): a fenced block whose language has a parser at
-  hand (``book/codecheck.py``: Python, JSON, TOML) and does not parse sends the section back once, with the errors
+  hand (``book/codecheck.py``: Python, JSON, TOML, YAML) and does not parse sends the section back once, with the errors
   and their lines; the new text replaces the first only if every one of its checked blocks parses (else the first
   stays, and ``defects.json`` counts its blocks ``still_broken``).
 * **Near-duplicates** (:func:`repair_duplicates`, once every section is in): of each near-duplicate pair

@@ -41,6 +41,9 @@ VALID = {
     "python3": "x: int = 1\nmatch x:\n    case 1:\n        pass",
     "json": '{\n  "name": "demo",\n  "items": [1, 2.5, null, true]\n}',
     "toml": '[tool.demo]\nname = "demo"\nitems = [1, 2]\n\n[[tool.demo.rows]]\nx = 1',
+    "yaml": "name: demo\nitems:\n  - 1\n  - {a: b}\n---\nsecond: document",
+    # syntax only: an application's tags and a template's braces parse (constructing them would fail)
+    "yml": "Resources:\n  Bucket:\n    Type: AWS::S3::Bucket\n    Name: !Ref BucketName\nimage: {{ image }}",
 }
 
 # (info, code, the line of the code holding the error, 1-based)
@@ -52,6 +55,8 @@ BROKEN = [
     ("json", '{\n  "a": 1, // a comment\n}', 2),
     ("toml", "[a]\nx = 1\ny = \n", 3),
     ("toml", "[a]\nx = 1\n[a]\n", 3),  # declared twice
+    ("yaml", "a: 1\nb: [1, 2\nc: 3", 3),  # the flow sequence is never closed: found where the mapping goes on
+    ("yml", "a: 1\n  b: 2", 2),  # a mapping value indented under a scalar
 ]
 
 
@@ -78,9 +83,11 @@ def test_a_broken_block_is_caught_on_its_line_within_the_section(info, code, bad
 
 
 def test_error_messages_name_the_exception_and_the_parsers_words():
-    report = check_code(_section(("python", "def f(:\n    pass"), ("json", "[1,]"), ("toml", "x = ")))
+    report = check_code(_section(("python", "def f(:\n    pass"), ("json", "[1,]"), ("toml", "x = "),
+                                 ("yaml", "a: [1")))
     assert [e.message for e in report.errors] == [
-        "SyntaxError: invalid syntax", "JSONDecodeError: Expecting value", "TOMLDecodeError: Invalid value"]
+        "SyntaxError: invalid syntax", "JSONDecodeError: Expecting value", "TOMLDecodeError: Invalid value",
+        "ParserError: while parsing a flow sequence expected ',' or ']', but got '<stream end>'"]
     indent = check_code(_section(("python", "def f():\nreturn 1"))).errors[0]
     assert indent.message.startswith("IndentationError: expected an indented block")
 
@@ -91,8 +98,8 @@ def test_a_toml_error_at_the_end_of_the_document_is_on_the_blocks_last_line():
     assert error.line == _line_of(text, "unterminated")
 
 
-@pytest.mark.parametrize("info", ["", "bash", "console", "rust", "yaml", "yml", "jsonc", "mermaid"])
-def test_untagged_unknown_and_yaml_blocks_are_seen_not_checked(info):
+@pytest.mark.parametrize("info", ["", "bash", "console", "rust", "jsonc", "mermaid"])
+def test_untagged_and_unknown_blocks_are_seen_not_checked(info):
     report = check_code(_section((info, "this is : not [ code in any language {")))
     assert report.seen == 1 and report.checked == 0 and report.broken == 0 and report.ok
     assert list(report.languages) == [language_of(info)]
@@ -115,8 +122,9 @@ def test_counts_are_per_language_in_order_of_first_appearance():
     assert list(report.languages) == ["bash", "python", "json", "none", "yaml"]
     assert report.languages["python"] == LanguageCounts(seen=3, checked=3, broken=1, cut=0)
     assert report.languages["json"] == LanguageCounts(seen=1, checked=1, broken=0, cut=0)
+    assert report.languages["yaml"] == LanguageCounts(seen=1, checked=1, broken=0, cut=0)
     assert report.languages["none"] == LanguageCounts(seen=1)
-    assert (report.seen, report.checked, report.broken, report.cut) == (7, 4, 1, 0)
+    assert (report.seen, report.checked, report.broken, report.cut) == (7, 5, 1, 0)
     assert report.seen == len(fenced_code(text))
 
 
