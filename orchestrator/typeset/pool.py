@@ -84,8 +84,13 @@ class Worker:
     def send(self, job: dict[str, Any]) -> None:
         self.job = job["index"]
         data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        self._stdin.write(frame(data))
-        self._stdin.flush()
+        try:
+            self._stdin.write(frame(data))
+            self._stdin.flush()
+        except OSError:  # the worker exited before it could take the job (a broken pipe)
+            # Its reader may already have said it was gone, while it had no job: say it again now that it has one,
+            # so that the job comes back as an "error" message at once (Pool.handle) instead of after the silence.
+            self._events.put((self.wid, None))
 
     def _read(self) -> None:
         try:
