@@ -22,6 +22,7 @@ Modes:
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 
@@ -138,8 +139,15 @@ class FakeServer(LocalHTTPServer):
             if "title" in props:
                 body["title"] = "A Test Book"
             return json.dumps(body)
-        # Prose that does not repeat itself (a repeated sentence is a repetition loop, re-asked by the runner).
-        return " ".join(f"Point {i} of this section explains one more {w} side of the topic in plain words."
+        # Prose that does not repeat itself (a repeated sentence is a repetition loop, re-asked by the runner), and
+        # that differs from section to section (the same text twice is a near-duplicate, which --repairs asks again).
+        rnd = random.Random(content)
+        nouns = ("module", "queue", "request", "record", "schema", "cache", "branch", "release", "build", "test",
+                 "server", "client", "index", "table", "stream", "worker", "token", "commit", "review", "deploy")
+        verbs = ("shapes", "guards", "names", "splits", "checks", "keeps", "moves", "joins", "sorts", "limits")
+        return " ".join(f"Point {i} of this section explains one more {w} side: each {rnd.choice(nouns)} "
+                        f"{rnd.choice(verbs)} a {rnd.choice(nouns)} near the {rnd.choice(nouns)} {rnd.choice(verbs)} "
+                        f"{rnd.choice(nouns)} code."
                         for i, w in enumerate(("first", "practical", "careful", "useful", "common", "subtle",
                                                "final", "extra"), 1))
 

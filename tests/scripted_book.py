@@ -48,6 +48,11 @@ def wait_until(cond, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     raise AssertionError("timed out waiting")
 
 
+# the book brief the scripted model writes (--context outline): every section request of the book carries it
+BRIEF = ("This book is for testers who read it front to back. It speaks plainly to the reader. One running example, "
+         "a small shop's order system, carries through every chapter, and the word \"check\" means one thing "
+         "throughout.")
+
 SHAPE = ["--parts", "1", "--chapters", "2", "--sections", "4", "--attempts", "3"]
 
 
@@ -62,4 +67,6 @@ def book_answer(req: Request) -> Answer:
         return Answer(titles([f"{req.title} {i}" for i in range(1, 5)]))
     if req.kind == "section":
         return Answer(prose(req.title))
+    if req.kind == "brief":
+        return Answer(BRIEF)
     raise AssertionError(f"unexpected request: {req.prompt[:200]!r}")

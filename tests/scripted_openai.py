@@ -8,7 +8,8 @@
     with ScriptedServer(answer) as srv:      # srv.url = "http://127.0.0.1:P/v1"
         ...
 
-``Request`` says what the orchestrator asked (book, part or chapter planning, or a section, with the node's title,
+``Request`` says what the orchestrator asked (book, part or chapter planning, the book's brief, or a section, with
+the node's title,
 the how-many-th request for that node this is, and the body). ``Answer`` says what comes back: the text streamed
 in small chunks, the finish reason (or none at all), usage or not, an HTTP error instead, a delay before the
 first chunk, or a stream that stops sending after some characters (a hang, until the client gives up).
@@ -30,17 +31,21 @@ _KINDS = (
     ("part", re.compile(r'chapter titles for part "(.*?)"')),
     ("section", re.compile(r'Write the section "(.*?)"')),
     ("book", re.compile(r'planning a long book for this request: "(.*?)"')),
+    # the book brief (--context outline, templates/prompts/brief*.j2): its title is the request's text
+    ("brief", re.compile(r'book brief for a long book being written for this request: "(.*?)"')),
+    ("brief", re.compile(r"Write a short book brief for (.*?) in about")),
 )
 
 
 @dataclass
 class Request:
-    kind: str  # book, part, chapter, section (or "other")
+    kind: str  # book, part, chapter, brief, section (or "other")
     title: str  # the node's title (the request's text for the book node)
     nth: int  # 1 for the first request for this (kind, title), 2 for the next...
     body: dict
     prompt: str
     headers: dict[str, str] = field(default_factory=dict)
+    t: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass

@@ -29,6 +29,10 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
   make no index candidates, so the search grows linearly with the sections (benchmarks/near_duplicates.py: 2.2 s
   at 20,000); identical texts are always paired.
 - words: whitespace-separated tokens of every written section (code included), as ``Book.words`` counts.
+- repeated titles: titles of the whole outline (the book, parts, chapters and sections) equal after normalising,
+  each with the paths that carry it ("" the book, "3" a part, "3.7" a chapter); ``count`` as for section titles.
+- sibling overlap: each written section's share of distinct word 5-grams of its prose that another section of its
+  chapter also holds (:mod:`.overlap`), summarised (mean, p90, max, sections): how much a chapter repeats itself.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
 from .codecheck import check_code
+from .overlap import share_summary, sibling_share
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -70,6 +75,8 @@ class Defects:
     near_duplicate_sections: dict[str, Any]
     looping_sections: dict[str, Any]
     words: dict[str, Any]
+    repeated_titles: dict[str, Any]
+    sibling_overlap: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +89,8 @@ class Defects:
             "near_duplicate_sections": self.near_duplicate_sections,
             "looping_sections": self.looping_sections,
             "words": self.words,
+            "repeated_titles": self.repeated_titles,
+            "sibling_overlap": self.sibling_overlap,
         }
 
     def to_markdown(self, worst: int = 10) -> str:
@@ -128,6 +137,8 @@ def find_defects(book: Book) -> Defects:
             "min": min(counts, default=0),
             "max": max(counts, default=0),
         },
+        repeated_titles=_repeated_titles(book),
+        sibling_overlap=_sibling_overlap(written),
     )
 
 
@@ -144,6 +155,28 @@ def _duplicate_titles(sections: list[SectionText]) -> dict[str, Any]:
         "sections": sum(len(g) for g in dups),
         "titles": [{"title": g[0].title, "count": len(g), "paths": [s.path for s in g]} for g in dups][:LIST_LIMIT],
     }
+
+
+def _repeated_titles(book: Book) -> dict[str, Any]:
+    o = book.outline
+    groups: dict[str, list[tuple[str, str]]] = defaultdict(list)  # normal form -> (path, title)
+    groups[norm_title(o.title)].append(("", o.title))
+    for pi, part in enumerate(o.parts, 1):
+        groups[norm_title(part.title)].append((f"{pi}", part.title))
+        for ci, chapter in enumerate(part.chapters, 1):
+            groups[norm_title(chapter.title)].append((f"{pi}.{ci}", chapter.title))
+            for si, title in enumerate(chapter.sections, 1):
+                groups[norm_title(title)].append((f"{pi}.{ci}.{si}", title))
+    dups = sorted((g for k, g in groups.items() if k and len(g) > 1), key=lambda g: (-len(g), norm_title(g[0][1])))
+    return {"count": len(dups),
+            "titles": [{"title": g[0][1], "count": len(g), "paths": [p for p, _ in g]} for g in dups][:LIST_LIMIT]}
+
+
+def _sibling_overlap(written: list[SectionText]) -> dict[str, Any]:
+    chapters: dict[str, dict[str, str]] = defaultdict(dict)
+    for s in written:
+        chapters[s.path.rsplit(".", 1)[0]][s.path] = s.text
+    return dict(share_summary(sibling_share(chapters)))
 
 
 def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
@@ -289,6 +322,10 @@ def _markdown(d: Defects, worst: int) -> str:
                                          f"({d.near_duplicate_sections.get('repaired', 0):,} sections rewritten "
                                          "to say something else)"),
         ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired"),
+        ("repeated titles (book, parts, chapters, sections)", f"{d.repeated_titles['count']:,}"),
+        ("word 5-grams a section shares with its chapter", (f"mean {d.sibling_overlap['mean']:.1%}, p90 "
+                                                            f"{d.sibling_overlap['p90']:.1%}, max "
+                                                            f"{d.sibling_overlap['max']:.1%}")),
         ("words", f"{w['total']:,} in all; per section mean {w['mean']:,}, min {w['min']:,}, max {w['max']:,}"),
     ]
     out = ["# Defect report", "", "| defect | count |", "|---|---|"]

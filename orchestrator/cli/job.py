@@ -74,7 +74,8 @@ def add_connection_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cap", type=positive_int, help="in-flight cap per backend (default 256)")
 
 
-def add_display_arguments(p: argparse.ArgumentParser) -> None:
+def add_display_arguments(p: argparse.ArgumentParser, *, planning: bool = True) -> None:
+    """``planning`` False: `handbook write`, whose outline exists (see add_quality_arguments)."""
     p.add_argument("--format", help="any of md,html,pdf (default md,pdf)")
     p.add_argument("--feed", nargs="?", const=0, type=int, metavar="PORT",
                    help="serve the live feed on 127.0.0.1 (a free port unless given) and print its address")
@@ -92,7 +93,7 @@ def add_display_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", action="store_true",
                    help="keep the run's event stream, timestamped and compressed, in OUT/recording.jsonl.gz "
                    "(`handbook replay OUT` serves the live feed again from it)")
-    add_quality_arguments(p)
+    add_quality_arguments(p, planning=planning)
     p.add_argument("--stream-sections", choices=STREAM_SECTIONS,
                    help="always (default for a book: a stalled server is caught between chunks); auto (the "
                    "library's default): stream only when the text is read as it arrives (the feed, --record), else "

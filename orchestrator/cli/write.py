@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="DIR", help="the folder `handbook plan` wrote (its outline.md, as edited)")
     add_connection_arguments(parser)
     add_forecast_arguments(parser)
-    add_display_arguments(parser)
+    add_display_arguments(parser, planning=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -117,16 +117,21 @@ class Settings:
     # on_event asking for deltas), else asks for one whole response (wire/whole.py: less client CPU, timed by the
     # request's deadline alone: the library's default); "never". Planning always streams (the outline pipeline).
     stream_sections: str = "always"
-    # What each section request knows of the book: "none" (for now the default: the reference's requests, title,
-    # part, chapter and section alone) or "outline" (also the part's chapter titles and the chapter's section titles,
-    # in an order that shares the longest prompt prefix within a chapter: the servers' prefix cache computes it once).
-    context: str = "none"
+    # What each section request knows of the book: "outline" (the default) carries the book's brief, the part's
+    # chapter titles and the chapter's section titles, in an order that shares the longest prompt prefix within a
+    # chapter (the servers' prefix cache computes it once); "none" the titles alone, as the reference's requests
+    # did (the published preset).
+    context: str = "outline"
+    # With "outline", a chapter's sections prefer the backend that already holds the chapter's prompt prefix
+    # (dispatch/affinity.py, within the equal-share rule and never past a cap); off only to measure what it brings
+    # (benchmarks/context_cost.py).
+    affinity: bool = True
     # No title twice in one book (parts, chapters, sections): the planner asks for spares and uses them. The
     # published preset turns it off, so that its plan (and its ~46 repeated section titles) stays the reference's.
     distinct_titles: bool = True
     # Checked afterwards, asked again once (job/repairs.py): a section whose code blocks do not parse, and the later
-    # section of a near-duplicate pair (--repairs; off by default for now, and in the published preset).
-    repairs: bool = False
+    # section of a near-duplicate pair (--repairs, on by default; off in the published preset).
+    repairs: bool = True
 
     def __post_init__(self) -> None:
         # Every path into Settings comes through here (Settings(...) by a library user, settings_from for the CLI's

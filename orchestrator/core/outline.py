@@ -2,10 +2,16 @@
 
 A node path names a node of the outline tree, 1-based: "" is the book, "3" the third part, "3.7" its seventh
 chapter, "3.7.12" that chapter's twelfth section.
+
+An outline may carry the book's *brief* (``--context outline``): a short paragraph on the book's audience, voice,
+running example and terms that every section request carries, so that sections written separately read as one
+book. It is kept in normal form (:func:`normal_brief`) wherever it is made or read, so that outline.md, the journal
+and the planner's value compare equal when nobody edited it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +37,20 @@ class Part:
     chapters: tuple[Chapter, ...] = ()
 
 
+def normal_brief(text: str) -> str:
+    """A brief in normal form: its paragraphs (separated by blank lines), each on one line with single spaces, joined
+    by one blank line; no empty paragraph. Idempotent; outline.md writes and reads exactly this form."""
+    paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", text or ""))
+    return "\n\n".join(p for p in paragraphs if p)
+
+
 @dataclass(frozen=True)
 class Outline:
+    """``brief``: the book's brief in normal form, "" for none (``--context none``, or a brief that failed)."""
+
     title: str
     parts: tuple[Part, ...] = ()
+    brief: str = ""
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -44,16 +60,18 @@ class Outline:
         return len(self.parts), chapters, sections
 
     def sections(self) -> Iterator[SectionRef]:
-        """Every section in outline order."""
+        """Every section in outline order, each with the book's brief, its part's chapter titles and its chapter's
+        section titles (what a ``--context outline`` request carries)."""
         for pi, part in enumerate(self.parts, 1):
+            chapters = tuple(c.title for c in part.chapters)
             for ci, chapter in enumerate(part.chapters, 1):
                 for si, title in enumerate(chapter.sections, 1):
                     yield SectionRef(f"{pi}.{ci}.{si}", self.title, part.title, chapter.title, title,
-                                     chapter.words_of(si - 1), part_chapters=tuple(c.title for c in part.chapters),
+                                     chapter.words_of(si - 1), brief=self.brief, part_chapters=chapters,
                                      siblings=chapter.sections)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "title": self.title,
             "parts": [
                 {
@@ -63,6 +81,9 @@ class Outline:
                 for p in self.parts
             ],
         }
+        if self.brief:  # only when there is one: an outline without a brief is written as it always was
+            out["brief"] = self.brief
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outline:
@@ -79,6 +100,7 @@ class Outline:
                 )
                 for p in data.get("parts", ())
             ),
+            brief=normal_brief(data["brief"]) if isinstance(data.get("brief"), str) else "",
         )
 
 
@@ -91,7 +113,11 @@ def _chapter_json(c: Chapter) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SectionRef:
-    """One section to write: everything its request may carry (``words``: None for the job's ``--words``)."""
+    """One section to write: everything its request may carry (``words``: None for the job's ``--words``).
+
+    ``brief``, ``part_chapters`` (the part's chapter titles, in order) and ``siblings`` (the chapter's section titles,
+    in order, this one included) are what a ``--context outline`` request carries besides the titles; they come after
+    the positional fields and default to empty, so every older construction, and :meth:`context`, are unchanged."""
 
     path: str
     book: str

@@ -4,6 +4,9 @@
 
     # Book title
 
+    > The book's brief (optional): who the book is for, its voice, its running example and its terms;
+    > every section request carries it (``--context outline``).
+
     ## Part title
 
     ### Chapter title
@@ -12,8 +15,11 @@
       words: 400
     - Section title
 
-One ``- `` (or ``* ``) line per section; an indented ``words: N`` line under a section overrides its length (the
-job's ``--words`` otherwise). Blank lines and HTML comments (``<!-- ... -->``, on lines of their own) are ignored.
+``> `` lines right under the book title, before the first part, are the book's brief: a person may edit or delete
+it, and ``handbook write`` carries what is there (a bare ``>`` line, or a blank line, separates its paragraphs; an
+older outline.md without one reads as it always did). One ``- `` (or ``* ``) line per section; an indented
+``words: N`` line under a section overrides its length (the job's ``--words`` otherwise). Blank lines and HTML
+comments (``<!-- ... -->``, on lines of their own) are ignored.
 Anything else is an error naming its line: the file is a contract between a person and the fleet, and a line the
 reader would drop silently is a section the person expected and will not get.
 
@@ -24,11 +30,12 @@ what is wrong with it, which a token stream only approximates.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from .errors import ConfigError
 from .osutil import atomic_write
-from .outline import Chapter, Outline, Part
+from .outline import Chapter, Outline, Part, normal_brief
 
 __all__ = [
     "FILENAME", "MAX_WORDS", "OutlineFileError", "edits_in", "read_outline_md", "render_outline_md", "write_outline_md",
@@ -41,11 +48,14 @@ MAX_WORDS = 5_000  # a section longer than this is a chapter of its own: 20 x th
 _HEADING = re.compile(r"^(#{1,6})(?:\s+(.*?))?(?:\s+#+)?\s*$")
 _SECTION = re.compile(r"^[-*](?:\s+(.*?))?\s*$")
 _WORDS = re.compile(r"^\s+words\s*:\s*(\S*)\s*$", re.IGNORECASE)
+_BRIEF = re.compile(r"^ {0,3}>[ \t]?(.*)$")
+BRIEF_WIDTH = 100  # a brief's lines are wrapped here for a person's editor; reading joins them again
 
 _HEADER = (
     "<!-- The outline of this book. Edit it, then run `handbook write {dir}`.\n"
     "     # Book title / ## Part / ### Chapter / one '- Section title' line per section;\n"
-    "     an indented 'words: N' line under a section sets its length. Only changed sections are written again. -->\n"
+    "     an indented 'words: N' line under a section sets its length; '> ' lines under the book title are its brief,\n"
+    "     which every section request carries. Only changed sections are written again. -->\n"
 )
 
 
@@ -55,6 +65,13 @@ class OutlineFileError(ConfigError):
 
 def render_outline_md(outline: Outline, out_dir: str | Path = "DIR") -> str:
     lines = [_HEADER.format(dir=out_dir), f"# {outline.title}", ""]
+    if outline.brief:
+        for i, paragraph in enumerate(normal_brief(outline.brief).split("\n\n")):
+            if i:
+                lines.append(">")
+            wrapped = textwrap.wrap(paragraph, BRIEF_WIDTH, break_long_words=False, break_on_hyphens=False)
+            lines += [f"> {w}" for w in wrapped]
+        lines.append("")
     for part in outline.parts:
         lines += [f"## {part.title}", ""]
         for chapter in part.chapters:
@@ -106,6 +123,7 @@ class _Reader:
         self.title: str | None = None
         self.parts: list[tuple[str, int, list[tuple[str, int, list[str], list[int | None]]]]] = []
         self.last_section_line: int | None = None
+        self.brief: list[str] = []  # the brief's lines as read ("" between paragraphs)
 
     def fail(self, lineno: int, message: str) -> OutlineFileError:
         return OutlineFileError(f"{self.name}:{lineno}: {message}")
@@ -120,6 +138,8 @@ class _Reader:
                 continue
             if not line.strip():
                 self.last_section_line = None if not raw.startswith((" ", "\t")) else self.last_section_line
+                if self.brief and not self.parts:
+                    self.brief.append("")  # a blank line ends a paragraph of the brief
                 continue
             if line.lstrip().startswith("<!--"):
                 if "-->" not in line:
@@ -135,13 +155,24 @@ class _Reader:
             self.words(lineno, m.group(1))
             return
         self.last_section_line = None
-        if (h := _HEADING.match(line)) is not None:
+        if (b := _BRIEF.match(line)) is not None:
+            self.brief_line(lineno, b.group(1))
+        elif (h := _HEADING.match(line)) is not None:
             self.heading(lineno, len(h.group(1)), (h.group(2) or "").strip())
         elif (s := _SECTION.match(line)) is not None:
             self.section(lineno, (s.group(1) or "").strip())
         else:
-            raise self.fail(lineno, f"not an outline line: {line.strip()[:60]!r} (expected '# Book', '## Part', "
-                                    "'### Chapter', '- Section' or an indented 'words: N')")
+            raise self.fail(lineno, f"not an outline line: {line.strip()[:60]!r} (expected '# Book', '> brief', "
+                                    "'## Part', '### Chapter', '- Section' or an indented 'words: N')")
+
+    def brief_line(self, lineno: int, text: str) -> None:
+        if self.title is None:
+            raise self.fail(lineno, "a '> ' brief line before the book title: the brief goes right under "
+                                    "'# Book title'")
+        if self.parts:
+            raise self.fail(lineno, "a '> ' brief line inside the outline: the brief goes under the book title, "
+                                    "before the first '## Part'")
+        self.brief.append(text.strip())
 
     def heading(self, lineno: int, level: int, title: str) -> None:
         what = {1: "the book", 2: "a part", 3: "a chapter"}.get(level)
@@ -204,4 +235,4 @@ class _Reader:
                 Chapter(ctitle, tuple(sections), tuple(words) if any(w is not None for w in words) else ())
                 for ctitle, _, sections, words in chapters
             )))
-        return Outline(self.title, tuple(parts))
+        return Outline(self.title, tuple(parts), normal_brief("\n".join(self.brief)))

@@ -45,6 +45,7 @@ class Profile:
     # chapters, and its take keeps them; a small model repeats the same few titles at every level).
     distinct_outline: bool = False
     section_template: str = "section"  # templates/prompts/<name>.j2
+    brief_template: str = "brief"  # the book brief's request (``--context outline``), templates/prompts/<name>.j2
     # How many unusable planning replies a node may re-ask before its next reply is taken as well as it can be
     # (None: as many as the job's attempts). Bounds planning cost on a model that rarely gets a list right.
     plan_reasks: int | None = None
@@ -86,6 +87,7 @@ PROFILES: dict[str, Profile] = {
         plan_extra=2,
         distinct_outline=True,
         section_template="section_small",
+        brief_template="brief_small",
         plan_reasks=1,
     ),
 }

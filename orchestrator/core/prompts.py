@@ -34,10 +34,11 @@ def render(name: str, templates: str | None = None, **values: Any) -> str:
         raise ConfigError(f"prompt template {name}.j2: {e}") from None
 
 
-def list_schema(n: int, with_title: bool) -> dict[str, Any]:
-    """JSON schema for a planning reply: exactly n titles (and the book title at the top level)."""
+def list_schema(n: int, with_title: bool, spare: int = 0) -> dict[str, Any]:
+    """JSON schema for a planning reply: n titles, up to ``spare`` more (spares stand in for titles another node of
+    the book already took; without spares, exactly n), and the book title at the top level."""
     props: dict[str, Any] = {
-        "items": {"type": "array", "items": {"type": "string"}, "minItems": n, "maxItems": n},
+        "items": {"type": "array", "items": {"type": "string"}, "minItems": n, "maxItems": n + spare},
     }
     required = ["items"]
     if with_title:

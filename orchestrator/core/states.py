@@ -12,15 +12,17 @@ from typing import assert_never
 
 
 class NodeKind(StrEnum):
-    """An outline node: what a request is for."""
+    """What a request is for: an outline node, or the book's brief (``--context outline``; path "brief", beside the
+    outline's paths, never one of them)."""
 
     BOOK = "book"
     PART = "part"
     CHAPTER = "chapter"
     SECTION = "section"
+    BRIEF = "brief"
 
 
-PLANNING_KINDS = (NodeKind.BOOK, NodeKind.PART, NodeKind.CHAPTER)
+PLANNING_KINDS = (NodeKind.BOOK, NodeKind.PART, NodeKind.CHAPTER, NodeKind.BRIEF)
 
 
 class Stop(StrEnum):

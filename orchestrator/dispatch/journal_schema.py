@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 CREATE TABLE IF NOT EXISTS nodes (
     path              TEXT PRIMARY KEY,   -- '' for the book node, '3' part, '3.7' chapter, '3.7.12' section
-    kind              TEXT NOT NULL,      -- book, part, chapter, section
+    kind              TEXT NOT NULL,      -- book, part, chapter, section; brief (path 'brief': the book's brief)
     title             TEXT NOT NULL,
     text              TEXT NOT NULL,
     finish_reason     TEXT,

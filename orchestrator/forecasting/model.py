@@ -19,6 +19,8 @@ from typing import Any
 
 from ..core.config import Settings
 from ..core.outline import Outline
+from ..planning.brief import BRIEF_WORDS
+from ..planning.titles import spare_count
 from .lengths import LENGTHS, PLANNING, golden
 from .pages import PAGES
 from .simulate import SECTION, Node, simulate
@@ -114,7 +116,7 @@ def forecast(outline: Outline | None, settings: Settings, fits: Sequence[StepFit
     nodes = req.nodes
     planning = not planned and req.todo > 0
     if planning:
-        roots, pipeline = [req.root], settings.pipeline
+        roots, pipeline = [req.root, *req.extra_roots], settings.pipeline
     else:  # the outline exists: every section can go at once (the Writer's order), no planning request
         nodes = tuple(n if n.level == SECTION else Node(n.level, 0, n.order) for n in nodes)
         roots, pipeline = [k for k, n in enumerate(nodes) if n.level == SECTION], False
@@ -163,6 +165,7 @@ class _Requests:
 
     nodes: tuple[Node, ...]
     root: int  # the book node
+    extra_roots: tuple[int, ...]  # planning requests that start with it: the book's brief (--context outline)
     sections: int  # in the book
     todo: int  # to write (not done)
     section_tokens: int  # of those to write
@@ -196,7 +199,14 @@ class _Requests:
             part_nodes.append(_plan_node(nodes, 1, pi - 1, _titled(chapter_nodes[first_chapter:]), len(part),
                                          settings))
         root = _plan_node(nodes, 0, 0, _titled(part_nodes), len(book.parts), settings)
-        return cls(tuple(nodes), root, index, todo, tokens_todo, words, cut)
+        extra: tuple[int, ...] = ()
+        if settings.context == "outline":
+            # The brief: a planning request from t=0 with no children. At level 2 it is served as planning is and,
+            # in strict mode, sections wait for it as for the chapters; in pipeline mode its wait is not modelled
+            # (it ends long before the chapter lists: ~140 tokens against book, part and chapter replies in a row).
+            nodes.append(Node(2, round(LENGTHS.tokens_per_word * BRIEF_WORDS), 0))
+            extra = (len(nodes) - 1,)
+        return cls(tuple(nodes), root, extra, index, todo, tokens_todo, words, cut)
 
 
 def _titled(children: list[int]) -> list[tuple[int, int]]:
@@ -208,7 +218,11 @@ def _plan_node(nodes: list[Node], level: int, order: int, children: list[tuple[i
     """Add a planning node with ``titles`` titles; ``children`` are (node, index of its title), fewer than
     ``titles`` when some sections are done."""
     limit = settings.plan_max_tokens
-    offsets = tuple(PLANNING.title_done(level, i, limit) for _, i in children)
-    nodes.append(Node(level, PLANNING.reply_tokens(level, titles, limit), order, tuple(k for k, _ in children),
-                      offsets))
+    asked = titles + (spare_count(titles) if settings.distinct_titles and level > 0 else 0)  # the planner's spares
+    tokens = PLANNING.reply_tokens(level, asked, limit)
+    if settings.context == "outline" and level == 2:  # a section's request names its whole chapter: the list's end
+        offsets = tuple(tokens for _ in children)
+    else:
+        offsets = tuple(PLANNING.title_done(level, i, limit) for _, i in children)
+    nodes.append(Node(level, tokens, order, tuple(k for k, _ in children), offsets))
     return len(nodes) - 1

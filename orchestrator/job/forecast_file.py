@@ -23,6 +23,7 @@ from ..dispatch.journal import FILENAME as JOURNAL_FILE
 from ..dispatch.journal import Journal
 from ..dispatch.journal_schema import peek_job
 from ..forecasting import Forecast, StepFit, fit_budget, fits_from_ladder, probe_fits
+from .section_prompt import section_context
 
 __all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "written_paths"]
 
@@ -98,7 +99,8 @@ def written_paths(outline: Outline, journal: Journal, settings: Settings) -> set
     """The sections of ``outline`` the journal answers (same title and context): no time or tokens in a forecast of
     this run, but pages in the book."""
     return {ref.path for ref in outline.sections()
-            if journal.get(ref.path, NodeKind.SECTION, ref.title, ref.context(ref.words or settings.words)) is not None}
+            if journal.get(ref.path, NodeKind.SECTION, ref.title,
+                           section_context(ref, settings, ref.words or settings.words)) is not None}
 
 
 def forecast_json(forecast: Forecast, budget: Budget | None) -> dict[str, Any]:

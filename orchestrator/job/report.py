@@ -254,7 +254,7 @@ def server_counted_line(stats: dict[str, Any]) -> str | None:
     if kv is not None:
         line += f"; KV cache peak {100 * kv:.0f}%"
     if hit is not None:
-        line += f"; prefix-cache hit rate {100 * hit:.0f}%"
+        line += f"; prefix-cache hit rate {100 * hit:.0f}% ({sc.get('prefix_cache_coverage') or '?'} backends)"
     missing = sc.get("uncovered_backends") or ()
     if missing:
         line += "; not counted: " + "; ".join(f"{b['url']} ({b['reason']})" for b in missing)

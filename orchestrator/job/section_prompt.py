@@ -55,8 +55,9 @@ def section_context(ref: SectionRef, settings: Settings, words: int) -> dict[str
 
 def affinity_key(ref: SectionRef, settings: Settings) -> str | None:
     """The fleet's affinity key of the section's request: its chapter, whose sections share a prompt prefix with
-    ``outline``; None with ``none`` (a ~60-token request shares little worth a preference)."""
-    return ref.path.rsplit(".", 1)[0] if settings.context == "outline" else None
+    ``outline`` (unless ``settings.affinity`` is off); None with ``none`` (a ~60-token request shares little worth a
+    preference)."""
+    return ref.path.rsplit(".", 1)[0] if settings.context == "outline" and settings.affinity else None
 
 
 def check_templates(settings: Settings, profile: Profile) -> None:

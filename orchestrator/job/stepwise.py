@@ -35,11 +35,14 @@ __all__ = ["aforecast", "aplan", "awrite", "forecast_of", "plan", "plan_job", "w
 OnEvent = Callable[[Event], None] | Sequence[Callable[[Event], None]] | None
 
 # What `handbook write` may change in the settings a plan was made with: how to reach the backends and what to
-# make of the book, never what the sections are asked (that would make every journaled section a different one).
+# make of the book, never the words, tokens or sampling the sections are asked with (that would make every journaled
+# section a different one). ``context`` is the exception that proves it: each section's journal context records what
+# its request carried, so a changed context redoes exactly the sections it changes, like an edited outline.md.
 WRITE_OVERRIDES = frozenset({
     "api_key", "cap", "attempts", "connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "request_timeout_s",
     "metrics_interval_s", "interrupt_grace_s", "all_down_timeout_s", "formats", "ladder", "forecast", "timeline",
     "typeset_while_writing", "stream_sections",
+    "context", "repairs", "affinity",
 })
 
 

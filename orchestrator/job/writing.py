@@ -150,13 +150,13 @@ class Writer:
 
                     def section_ready(book: str, part: str, chapter_path: str, chapter: str, si: int,
                                       title: str) -> None:
-                        # pipeline: called the moment the title has streamed past in its chapter's list
-                        ref = SectionRef(f"{chapter_path}.{si}", book, part, chapter, title)
+                        # pipeline: called the moment the title is known (with --context outline, once its
+                        # chapter's and part's lists are final and the brief is known: Planner.plan)
+                        ref = planner.section_ref(book, part, chapter_path, chapter, si, title)
                         work.start_soon(self._section, dispatcher, ref, order_base(chapter_path, settings) + si)
 
                     if outline is None:
-                        # --context outline: a section carries its chapter's and part's titles, known once planned
-                        starts = None if plan_only or settings.context == "outline" else section_ready
+                        starts = None if plan_only else section_ready
                         outline = await planner.plan(on_section=starts)
                         journal.store_outline(outline)
                         pipelined = settings.pipeline and starts is not None

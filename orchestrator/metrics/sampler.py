@@ -217,7 +217,8 @@ class MetricsSampler:
         caches = self.caches_over(t0, t1, figures["covered_backends"])
         kv = caches["kv_cache_usage"]
         return {**figures, "kv_cache_usage_peak": kv["max"] if kv else None,
-                "prefix_cache_hit_rate": caches["prefix_cache_hit_rate"]}
+                "prefix_cache_hit_rate": caches["prefix_cache_hit_rate"],
+                "prefix_cache_coverage": caches["prefix_cache_coverage"]}
 
     def caches_over(self, t0: float, t1: float, urls: Sequence[str] | None = None) -> dict[str, Any]:
         """:func:`~orchestrator.metrics.series.cache_figures` over [t0, t1] of ``urls`` (default: every backend)."""

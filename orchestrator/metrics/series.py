@@ -205,7 +205,8 @@ def cache_figures(caches: Mapping[str, Sequence[CachePoint]], t0: float, t1: flo
 
     ``kv_cache_usage``: ``{"median", "max"}`` over every sample of every backend in the window (None: no backend
     reports a fill); ``prefix_cache_hit_rate``: the hits' increase / the queries' increase, summed over the backends
-    that have both counters (None: none has, or nothing was looked up)."""
+    that have both counters (None: none has, or nothing was looked up); ``prefix_cache_coverage``: "k of n", the
+    backends whose counters it sums of those given."""
     fills = [p[1] for points in caches.values() for p in points if t0 <= p[0] <= t1 and p[1] is not None]
     queries = {u: [(p[0], p[2], None, None) for p in ps if p[2] is not None] for u, ps in caches.items()}
     hits = {u: [(p[0], p[3], None, None) for p in ps if p[3] is not None] for u, ps in caches.items()}
@@ -215,6 +216,7 @@ def cache_figures(caches: Mapping[str, Sequence[CachePoint]], t0: float, t1: flo
     return {
         "kv_cache_usage": {"median": round(_median(fills), 4), "max": round(max(fills), 4)} if fills else None,
         "prefix_cache_hit_rate": round(h / q, 4) if both and q > 0 else None,
+        "prefix_cache_coverage": f"{len(both)} of {len(caches)}",
     }
 
 

@@ -32,18 +32,14 @@ from ..book.checks import norm_title as norm
 from ..core.config import Settings
 from ..core.errors import PlanError
 from ..core.events import LevelPlanned, NodeFinished
-from ..core.outline import Chapter, Outline, Part, level_of
+from ..core.outline import Chapter, Outline, Part, SectionRef, level_of
 from ..core.profiles import PROFILES, Profile
-from ..core.prompts import book_phrase, few_shot_messages, list_schema, render
-from ..core.reply import Reply
 from ..core.states import NodeKind
 from ..dispatch.dispatcher import Dispatcher
-from ..dispatch.journal import StoredNode
-from ..wire.client import BackendClient
+from .brief import ask_brief
+from .node import NodeRequest, keep_titles
 from .stream import Expansion
-from .titles import Titles, book_title_from_prompt, extract_titles, parse_titles
-
-RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see _NodeRequest.temperature)
+from .titles import Titles, book_title_from_prompt, spare_count
 
 # (book, part, chapter path, chapter, 1-based index, title): a section title is known
 SectionCallback = Callable[[str, str, str, str, int, str], None]
@@ -51,105 +47,29 @@ SectionCallback = Callable[[str, str, str, str, int, str], None]
 ChildStart = Callable[[int, str, str | None], None]
 
 
-class _NodeRequest:
-    """One planning node's request to the Dispatcher: the body of each attempt, the check of each reply, and the
-    value of a journaled answer. Its :class:`Expansion` follows every attempt's reply as it streams."""
-
-    def __init__(self, planner: Planner, name: str, n: int, want_title: bool, exp: Expansion,
-                 values: dict[str, Any]):
-        self.planner = planner
-        self.name = name  # the prompt template: book, part or chapter
-        self.n = n
-        self.want_title = want_title
-        self.exp = exp
-        self.values = values
-
-    def temperature(self) -> float:
-        """The job's temperature, raised to RETRY_TEMPERATURE once a reply was unusable: at temperature 0 a
-        model answers a re-ask with the same reply (a small model repeating a title would fail every attempt),
-        so a re-ask must be allowed to differ. Transient errors (connection, 5xx) keep the job's temperature."""
-        p = self.planner.profile
-        base = p.temperature if p.plan_temperature is None else p.plan_temperature
-        if self.exp.unusable:
-            return max(base, min(1.0, RETRY_TEMPERATURE + 0.1 * (self.exp.unusable - 1)))
-        return base
-
-    def build(self, client: BackendClient, attempt: int) -> dict[str, Any]:
-        self.exp.new_attempt()  # called at the start of every attempt: the stream parser starts afresh
-        p, s = self.planner.profile, self.planner.settings
-        if p.planning == "list":
-            return self._few_shot(client)
-        note = f"Give exactly {self.n} distinct titles." if attempt > 1 else ""
-        keep = self.exp.retry_note()
-        if keep:  # a re-ask, or a rerun resuming a node whose first titles were committed before a kill
-            note = f"{note} {keep}".strip()
-        # The prompt asks for JSON only where the client will send the schema (it stops once a server refused it).
-        text = render(self.name, self.planner.templates, json=client.structured, n=self.n, retry_note=note,
-                      **self.values)
-        return client.body(
-            p.messages(text),
-            max_tokens=s.plan_max_tokens,
-            temperature=self.temperature(),
-            schema=list_schema(self.n, self.want_title),
-            sampling=p.sampling(),
-        )
-
-    def _few_shot(self, client: BackendClient) -> dict[str, Any]:
-        """A few-shot plain-list request (profile planning "list"): one worked example, then this node's request.
-        The list's length bounds max_tokens, so a model looping on one line stops early."""
-        p, s = self.planner.profile, self.planner.settings
-        kind = self.name
-        book = book_phrase(self.values.get("book") or self.planner.fallback_title)
-        title = self.values.get(kind, "") if kind != NodeKind.BOOK else ""
-        ask = self.n + p.plan_extra
-        return client.body(
-            few_shot_messages(kind, ask, book, title, self.planner.templates, p.system),
-            max_tokens=min(s.plan_max_tokens, 16 * ask + 48),
-            temperature=self.temperature(),
-            sampling=p.sampling(),
-        )
-
-    def validate(self, reply: Reply) -> Titles:
-        # The last attempt (or, with the profile's bounded re-asks, the reply after them) takes the reply as well
-        # as it can — weak titles, fewer titles — rather than lose the book or spend more requests.
-        exp, p = self.exp, self.planner.profile
-        strict = exp.attempts < self.planner.settings.attempts and (
-            p.plan_reasks is None or exp.unusable < p.plan_reasks
-        )
-        offered_title, offered = extract_titles(reply.text)
-        try:
-            return parse_titles(
-                reply.text, self.n, self.want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict,
-                taken=frozenset(exp.taken - exp.norms),
-                pool=tuple(exp.pool), pool_title=exp.pool_title,
-            )
-        except ValueError:
-            exp.unusable += 1
-            exp.pool.extend(offered)
-            exp.pool_title = exp.pool_title or offered_title
-            raise
-
-    def restore(self, stored: StoredNode) -> Titles | None:
-        value = stored.value
-        if isinstance(value, dict) and isinstance(value.get("items"), list) and 1 <= len(value["items"]) <= self.n:
-            # as accepted, fewer titles included (a node's last attempt may keep fewer than asked)
-            return Titles(value.get("title"), tuple(str(x) for x in value["items"]))
-        if value is None:  # a schema-1 journal: parse the stored reply, without touching this run's re-asks
-            try:
-                return parse_titles(stored.text, self.n, self.want_title, avoid=self.exp.avoid)
-            except ValueError:
-                return None
-        return None
-
-
-def _keep(titles: Titles) -> dict[str, Any]:
-    return {"title": titles.title, "items": list(titles.items)}
-
-
 class Planner:
     """Makes the outline through ``dispatcher``. Its journal, if it has one, is also where titles committed while a
     reply streams are recorded, and where a rerun finds them, so a node re-planned after a kill keeps the titles
-    whose children (sections) already exist."""
+    whose children (sections) already exist.
+
+    **The book brief** (``settings.context == "outline"``; :mod:`.brief`): asked by :meth:`plan` in its own request
+    the moment planning starts, beside the book node. ``brief_ready`` (an ``anyio.Event``) is set exactly once (a
+    planner plans one book), when ``brief`` (a str) is final: the brief, or "" when it failed or came back empty
+    (logged; the book goes on without one) or with ``context`` "none" (set at once, nothing asked). The returned
+    outline carries it (``Outline.brief``). A section request that carries the brief awaits ``brief_ready``.
+
+    **Distinct titles** (``settings.distinct_titles``, or a profile's ``distinct_outline``): no title occurs twice
+    in the book (parts, chapters and sections share one set of normalised titles). With ``distinct_titles`` each
+    part and chapter node asks for :func:`~.titles.spare_count` titles more than it keeps (the schema allows n to
+    n + spares) and keeps the first n, in the reply's order, that pass the title gate and that no other node had
+    taken when they arrived: titles are taken in the order they become known (committed from a stream, or accepted
+    with a node's list), so the outline is deterministic given the order in which replies arrive. A node left
+    short by taken titles is asked again (once, :data:`~.node.TAKEN_REASKS`, within the attempts bound of any
+    unusable reply), told which of its titles are used elsewhere; its next attempt fills its places with taken
+    titles qualified by its own title ("Testing" in chapter "Web Services": "Testing in Web Services",
+    :func:`~.titles.qualified`) rather than fail. The book node asks for no spare: nothing is taken before it.
+    With ``distinct_titles`` False (the published take) every request, schema and title is what it always was.
+    """
 
     def __init__(self, dispatcher: Dispatcher, prompt: str, settings: Settings, emit: Callable[[Any], None],
                  templates: str | None = None, profile: Profile | None = None):
@@ -160,6 +80,10 @@ class Planner:
         self.prompt = prompt
         self.fallback_title = book_title_from_prompt(prompt)
         self.taken: set[str] = {norm(self.fallback_title)}  # see Expansion.taken
+        self.distinct = settings.distinct_titles or self.profile.distinct_outline
+        self.brief = ""
+        self.brief_ready = anyio.Event()
+        self._run: _PlanRun | None = None
         self.settings = settings
         self.emit = emit
         self.templates = templates
@@ -172,9 +96,25 @@ class Planner:
 
         In pipeline mode ``on_section(book, part, chapter_path, chapter, index, title)`` (``index`` 1-based) is
         called, synchronously, the moment each section title is known, possibly while its chapter's list is still
-        streaming. Strict mode never calls it: the caller writes from the returned outline.
+        streaming. With ``context`` "outline" a section's request names every title of its chapter and of its
+        part's chapters, so it is called for a chapter's sections once both lists are final and the brief is
+        known; :meth:`section_ref` then gives the section's complete :class:`SectionRef`. Strict mode never calls
+        it: the caller writes from the returned outline.
         """
-        return await _PlanRun(self, on_section).run()
+        self._run = _PlanRun(self, on_section)
+        return await self._run.run()
+
+    def section_ref(self, book: str, part: str, chapter_path: str, chapter: str, index: int,
+                    title: str) -> SectionRef:
+        """The section ``on_section`` announced, with what its request carries: the brief as known now, its part's
+        chapter titles and its chapter's section titles (final from the call of ``on_section`` with ``context``
+        "outline"; what is known so far otherwise)."""
+        run = self._run
+        pi, ci = (int(x) - 1 for x in chapter_path.split("."))
+        chapters = run.chapter_lists.get(pi, ()) if run is not None else ()
+        siblings = run.sections.get((pi, ci), ()) if run is not None else ()
+        return SectionRef(f"{chapter_path}.{index}", book, part, chapter, title, None, brief=self.brief,
+                          part_chapters=tuple(chapters), siblings=tuple(siblings))
 
     async def node(
         self, path: str, kind: NodeKind, label: str, n: int, want_title: bool, start_child: ChildStart | None = None,
@@ -184,12 +124,13 @@ class Planner:
         already started from its stream (or from the titles an earlier run had committed)."""
         journal = self.d.journal
         ancestors = [values.get(k) for k in ("book", "part", "chapter")]
+        spare = spare_count(n) if self.settings.distinct_titles and kind != NodeKind.BOOK else 0
         exp = Expansion(
             n, want_title, start_child, frozenset(norm(a) for a in ancestors if a),
             on_commit=partial(journal.commit_titles, path, label) if journal is not None else None,
-            taken=self.taken if self.profile.distinct_outline else None,
+            taken=self.taken if self.distinct else None, spares=spare > 0,
         )
-        request = _NodeRequest(self, kind, n, want_title, exp, values)
+        request = NodeRequest(self, kind, n, want_title, exp, values, spare)
         self.level_requests[level_of(path)] += 1
         restored = None
         if journal is not None and journal.get(path, kind, label) is None:
@@ -203,9 +144,9 @@ class Planner:
                     start_child(i, t, exp.title)
         out = await self.d.run(
             path, kind, label, request.build, request.validate, priority=(0, 0),
-            on_delta=exp.on_delta if start_child is not None else None, restore=request.restore, keep=_keep,
+            on_delta=exp.on_delta if start_child is not None else None, restore=request.restore, keep=keep_titles,
         )
-        if out.value is not None and self.profile.distinct_outline:
+        if out.value is not None and self.distinct:
             self.taken.update(norm(t) for t in out.value.items)
         if out.value is None:
             short = label if len(label) <= 80 else label[:77] + "..."
@@ -233,14 +174,22 @@ class _PlanRun:
         self.chapter_lists: dict[int, tuple[str, ...]] = {}
         self.parts_total: int | None = None  # pipeline mode: how many parts, once the book node has returned
         self.parts_done = 0
+        # context "outline": a section's request names its whole chapter and its part's chapters (see Planner.plan)
+        self.whole_lists = self.s.context == "outline"
+        self.part_listed: dict[int, anyio.Event] = {}  # set when part pi's chapter list is final
+        self.outer: anyio.abc.TaskGroup | None = None  # the brief, and sections waiting for their lists
 
     async def run(self) -> Outline:
-        if self.s.pipeline:
-            await self._pipelined()
-        else:
-            await self._strict()
-        t = self.planner.t_titles_known = time.monotonic()
-        self.planner.emit(LevelPlanned(3, sum(len(v) for v in self.sections.values()), t))
+        async with anyio.create_task_group() as outer:
+            self.outer = outer
+            outer.start_soon(self._brief)
+            if self.s.pipeline:
+                await self._pipelined()
+            else:
+                await self._strict()
+            # the titles are known: the level is announced now, though the brief may still be on its way
+            t = self.planner.t_titles_known = time.monotonic()
+            self.planner.emit(LevelPlanned(3, sum(len(v) for v in self.sections.values()), t))
         assert self.book is not None
         return Outline(
             title=self.book,
@@ -252,7 +201,21 @@ class _PlanRun:
                 )
                 for pi in range(len(self.parts))
             ),
+            brief=self.planner.brief,
         )
+
+    async def _brief(self) -> None:
+        """Ask for the brief beside the outline (``context`` "outline"); ``brief_ready`` is set whatever happens,
+        so nothing waits on a brief that is not coming."""
+        pl = self.planner
+        try:
+            if self.whole_lists:
+                pl.brief = await ask_brief(pl.d, pl.profile, pl.prompt, pl.templates)
+        finally:
+            pl.brief_ready.set()
+
+    def _listed(self, pi: int) -> anyio.Event:
+        return self.part_listed.setdefault(pi, anyio.Event())
 
     async def _book(self, start_part: ChildStart | None) -> Titles:
         pl = self.planner
@@ -323,6 +286,7 @@ class _PlanRun:
                 start(ci, got.items[ci], None)
             else:
                 self.chapters[(pi, ci)] = got.items[ci]
+        self._listed(pi).set()
         self.parts_done += 1
         if start is not None:
             self._parts_returned()
@@ -341,7 +305,7 @@ class _PlanRun:
         cpath = f"{pi + 1}.{ci + 1}"
         before = [self.chapters[(pi, j)] for j in range(ci)]
         stream = None
-        if s.pipeline and self.on_section is not None:
+        if s.pipeline and self.on_section is not None and not self.whole_lists:
             stream = partial(self._start_section, book, part, cpath, chapter)
         got, started = await self.planner.node(
             cpath, NodeKind.CHAPTER, chapter, s.sections, False, stream,
@@ -352,3 +316,15 @@ class _PlanRun:
         if stream is not None:
             for si in range(started, len(got.items)):
                 stream(si, got.items[si], None)
+        elif s.pipeline and self.on_section is not None:
+            assert self.outer is not None  # not in this node's task group: the titles are known, planning is done
+            self.outer.start_soon(self._sections_when_listed, book, part, pi, cpath, chapter, got.items)
+
+    async def _sections_when_listed(self, book: str, part: str, pi: int, cpath: str, chapter: str,
+                                    titles: tuple[str, ...]) -> None:
+        """Context "outline": hand a chapter's sections to the runner once its part's chapter list is final and
+        the brief is known (the requests carry both)."""
+        await self._listed(pi).wait()
+        await self.planner.brief_ready.wait()
+        for si, title in enumerate(titles):
+            self._start_section(book, part, cpath, chapter, si, title, None)

@@ -11,6 +11,8 @@ from ..book.checks import norm_title as norm
 from ..book.fences import is_fence_line
 from .titles import LIST_LINE, TITLE_LINE, clean_title, indent_width, marker_kind, weak_title
 
+AVOID_LISTED = 20  # at most this many titles in a re-ask's "already used elsewhere" note
+
 
 class TitleStream:
     """Feed it a planning reply chunk by chunk; ``title`` and ``items`` grow as titles become *complete*.
@@ -255,6 +257,7 @@ class Expansion:
         avoid: frozenset[str] = frozenset(),
         on_commit: Callable[[str | None, list[str]], None] | None = None,
         taken: set[str] | None = None,
+        spares: bool = False,
     ):
         self.n = n
         self.on_commit = on_commit  # (book title, committed titles) -> None: journals them before the child starts
@@ -262,6 +265,12 @@ class Expansion:
         # Titles used anywhere in the outline so far (shared by every node of a planner whose profile wants a
         # distinct outline; this node's own otherwise): a small model offers the same few titles at every level.
         self.taken: set[str] = set() if taken is None else taken
+        # The node asked for spare titles (distinct titles across the book): a title already taken is skipped, not a
+        # reason to stop, so the children are the first n titles of the reply, in its order, that no other node had
+        # taken when they arrived. Titles are taken in the order they become known (committed from a stream, or
+        # accepted with a node's final list): deterministic given the order in which replies arrive.
+        self.spares = spares
+        self.collided: list[str] = []  # titles offered that were taken elsewhere: the re-ask is told to avoid them
         self.attempts = 0
         self.want_title = want_title
         self.start_child = start_child  # (index, title, book title) -> None; None in strict mode
@@ -270,6 +279,7 @@ class Expansion:
         self.title: str | None = None
         self.stream: TitleStream | None = None
         self.matched = 0
+        self.placed = 0
         self.following = False
         self.unusable = 0  # replies of this node that failed validation
         self.pool: list[str] = []  # every title its replies offered, for the last attempt (see parse_titles)
@@ -278,7 +288,8 @@ class Expansion:
     def new_attempt(self) -> None:
         self.attempts += 1
         self.stream = TitleStream()
-        self.matched = 0
+        self.matched = 0  # titles of this attempt's stream looked at
+        self.placed = 0  # of them, the ones that hold a place in the node's list (committed or repeating one)
         self.following = self.start_child is not None and len(self.committed) < self.n
 
     def on_delta(self, text: str) -> None:
@@ -296,36 +307,44 @@ class Expansion:
             return  # children need the book title first
         items = s.items
         while self.matched < len(items):
-            idx = self.matched
-            t = items[idx]
-            if idx < len(self.committed):
-                if t != self.committed[idx]:
+            t = items[self.matched]
+            self.matched += 1
+            k = norm(t)
+            taken = k in self.taken and k not in self.norms  # (no set difference per title: the set is the book's)
+            if self.spares and taken:
+                # another node of the book took it first: a spare further down the list takes its place
+                self.collide(t)
+                continue
+            place = self.placed
+            if place < len(self.committed):
+                if t != self.committed[place]:
                     self.following = False
                     return
-                self.matched += 1
+                self.placed += 1
                 continue
-            if idx >= self.n:
-                self.following = False
-                return
-            k = norm(t)
-            if k in self.norms:
+            if place >= self.n or k in self.norms:
                 self.following = False
                 return
             if self.want_title and self.title is None:
                 self.title = s.title
-            if weak_title(t, self.avoid | ({norm(self.title)} if self.title else set()), self.taken - self.norms):
+            if taken or weak_title(t, self.avoid | ({norm(self.title)} if self.title else set())):
                 self.following = False
                 return
             self.committed.append(t)
             self.norms.add(k)
             self.taken.add(k)
-            self.matched += 1
+            self.placed += 1
             if self.on_commit is not None:
                 self.on_commit(self.title, self.committed)
             assert self.start_child is not None
-            self.start_child(idx, t, self.title)
+            self.start_child(place, t, self.title)
         if s.stalled:
             self.following = False
+
+    def collide(self, title: str) -> None:
+        """Note a title this node offered that another node of the book had taken (for the re-ask's note)."""
+        if title not in self.collided:
+            self.collided.append(title)
 
     def restore(self, title: str | None, items: tuple[str, ...]) -> None:
         """Take the titles an earlier run committed for this node: they are final (their children exist)."""
@@ -339,4 +358,12 @@ class Expansion:
         keep = "; ".join(f"{i}. {t}" for i, t in enumerate(self.committed, 1))
         book = f' Keep the book title "{self.title}".' if self.title else ""
         return f"Keep these first {len(self.committed)} titles unchanged, in this order: {keep}.{book}"
+
+    def avoid_note(self) -> str:
+        """The re-ask's note naming the titles its replies offered that other nodes of the book already use (the
+        latest ones, a bounded list: the prompt must not grow with the book)."""
+        if not self.collided:
+            return ""
+        return ("These titles are already used elsewhere in the book; use none of them: "
+                f"{'; '.join(self.collided[-AVOID_LISTED:])}.")
 

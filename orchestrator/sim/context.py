@@ -11,12 +11,13 @@ from .words import find_concept
 __all__ = ["Context"]
 
 _QUOTED_RE = re.compile(r"\"([^\"\n]{1,200})\"|“([^”\n]{1,200})”")
+_BRIEF_RE = re.compile(r"\bbook brief\b")  # the planner's brief request (templates/prompts/brief*.j2)
 _LEVEL_RE = re.compile(r"exactly \d+\s+(?:[\w-]+\s+){0,3}?(parts?|chapters?|sections?|titles?|topics?)\b")
 
 
 @dataclass(frozen=True)
 class Context:
-    level: str  # "part", "chapter", "section", "title" or "" (what a list is of)
+    level: str  # "part", "chapter", "section", "title" or "" (what a list is of); "brief": the book's brief
     quoted: tuple[str, ...]  # parent names found in the prompt, in order
     concept: str  # the subject the answer is about
     subject: str  # the most specific quoted name (e.g. the section title), or the concept
@@ -28,6 +29,8 @@ class Context:
         m = _LEVEL_RE.search(low)
         if m:
             level = m.group(1).rstrip("s")
+        elif _BRIEF_RE.search(low):
+            level = "brief"
         else:
             for lv in ("section", "chapter", "part"):
                 if lv in low:

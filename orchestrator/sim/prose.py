@@ -29,7 +29,7 @@ from .words import (
     find_concept,
 )
 
-__all__ = ["Slots", "make_prose", "natural_words", "sentence", "snippet"]
+__all__ = ["Slots", "make_brief", "make_prose", "natural_words", "sentence", "snippet"]
 
 LENGTH_FACTOR = 1.17  # median-ish natural words / asked words (calibrated: mean 288 of 250 after the cap)
 LENGTH_SPREAD = 0.165  # log-normal sigma of the natural length (calibrated: ~7% over 520 tokens at 250 words)
@@ -118,7 +118,47 @@ def natural_words(rng: random.Random, asked: int) -> int:
     return max(20, round(math.exp(rng.gauss(mu, LENGTH_SPREAD))))
 
 
+# The book brief (a request whose Context level is "brief"): a plausible one of ~80-120 words, one paragraph.
+_AUDIENCES = (
+    "working software engineers with a year or two of experience",
+    "developers moving from small projects to systems that other people depend on",
+    "engineers who write code every day and want to reason about it more clearly",
+    "new team leads who still review and write code themselves",
+)
+_VOICES = (
+    "a plain, direct voice that speaks to the reader as \"you\", with short sentences and no hype",
+    "the voice of an experienced colleague: practical, candid about trade-offs, and sparing with jargon",
+    "a calm, precise voice that explains each idea before it names it",
+)
+_EXAMPLES = (
+    ("a small online bookshop", "its catalogue, orders and payments"),
+    ("a ticket booking service", "its seat map, bookings and refunds"),
+    ("a team task tracker", "its boards, tasks and notifications"),
+    ("a library lending system", "its members, loans and reminders"),
+)
+
+
+def make_brief(rng: random.Random, ctx: Context) -> str:
+    """A book brief: who the book is for, its voice, one running example and three terms it keeps fixed (never the
+    words "book brief": a section request that carries it must not read as a brief request, see context.py)."""
+    name, parts = rng.choice(_EXAMPLES)
+    near = list(concepts_near(ctx.concept or find_concept(ctx.subject)))
+    terms = rng.sample(near, 3) if len(near) >= 3 else rng.sample(list(CONCEPTS), 3)
+    team = rng.choice(TEAMS)
+    return " ".join([
+        f"This book is for {rng.choice(_AUDIENCES)}.",
+        f"It is written in {rng.choice(_VOICES)}.",
+        f"One running example carries through every chapter: {name}, built and run by {team}, with {parts};",
+        "each section shows its idea on that system rather than starting a new example.",
+        f"The terms \"{terms[0].lower()}\", \"{terms[1].lower()}\" and \"{terms[2].lower()}\" keep the meaning",
+        "they are given where they first appear, and are never swapped for synonyms.",
+        f"Sections assume the chapters before them and aim for {rng.choice(BENEFITS)}.",
+    ])
+
+
 def make_prose(rng: random.Random, ctx: Context, asked_words: int) -> str:
+    if ctx.level == "brief":
+        return make_brief(rng, ctx)
     slots = Slots(rng, ctx)
     target = natural_words(rng, asked_words)
     u = rng.random()

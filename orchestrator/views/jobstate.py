@@ -25,6 +25,7 @@ from ..core.events import (
     NodeStarted,
     OutlineReady,
 )
+from ..core.states import NodeKind
 from .eta import Eta, job_eta
 
 if TYPE_CHECKING:
@@ -138,7 +139,8 @@ class JobState:
 
     def _node_started(self, e: NodeStarted) -> None:
         self._end_attempt(e.path)
-        self._parents_done(e.path)
+        if e.kind != NodeKind.BRIEF:  # the brief's path is beside the outline's tree, not under the book's
+            self._parents_done(e.path)
         self.active[e.path] = e.backend
         self.inflight[e.backend] = self.inflight.get(e.backend, 0) + 1
         self._know(e.backend)

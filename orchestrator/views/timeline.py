@@ -31,7 +31,7 @@ import orjson
 from ..core.events import Delta, JobStarted, LevelPlanned, MetricsSample, NodeFailed, NodeFinished, NodeStarted
 from ..core.osutil import atomic_path, atomic_write
 
-PLANNING_KINDS = ("book", "part", "chapter")
+PLANNING_KINDS = ("book", "brief", "part", "chapter")  # the brief (--context outline): sections wait for it too
 
 
 @dataclass(frozen=True)
@@ -234,9 +234,10 @@ def _in_flight(reqs: list[Request], backends: list[str]) -> dict[str, list[tuple
 
 def critical_path(reqs: list[Request]) -> tuple[list[tuple[str, str, float, float]], float | None]:
     """The planning chain whose titles arrived last: the chapter whose list was accepted last, its part and the
-    book, each as (kind, path, first attempt's start, accepted reply's end); and when the last section started
-    (its first attempt), where the chain's work ends. Nodes this run did not ask (the journal had them) are left
-    out; no chapter asked: an empty chain."""
+    book, each as (kind, path, first attempt's start, accepted reply's end), then the book's brief when it was known
+    later still (with ``--context outline`` a section waits for both); and when the last section started (its first
+    attempt), where the chain's work ends. Nodes this run did not ask (the journal had them) are left out; no
+    chapter asked: an empty chain."""
     spans: dict[tuple[str, str], tuple[float, float]] = {}
     accepted: set[tuple[str, str]] = set()
     for r in reqs:
@@ -261,6 +262,9 @@ def critical_path(reqs: list[Request]) -> tuple[list[tuple[str, str, float, floa
         if (kind, path) in spans:
             a, b = spans[(kind, path)]
             chain.append((kind, path, a, b))
+    brief = next(((k, p) for k, p in spans if k == "brief"), None)
+    if brief is not None and chain and spans[brief][1] > chain[-1][3]:
+        chain.append((*brief, *spans[brief]))
     return chain, last_start
 
 
@@ -327,12 +331,12 @@ def _planning_panel(ax: Any, data: dict[str, Any]) -> None:
     """One row per planning node (book, parts, chapters in outline order), one bar per attempt; a failed attempt
     is hatched; the critical path in crimson, joined by a line that ends where the last section started."""
     plan = [r for r in data["requests"] if r["kind"] in PLANNING_KINDS]
-    order = {"book": 0, "part": 1, "chapter": 2}
+    order = {"book": 0, "brief": 1, "part": 2, "chapter": 3}
     rows = sorted({(r["kind"], r["path"]) for r in plan},
-                  key=lambda kp: (order[kp[0]], [int(x) for x in kp[1].split(".") if x]))
+                  key=lambda kp: (order[kp[0]], [int(x) for x in kp[1].split(".") if x.isdigit()]))
     y = {kp: i for i, kp in enumerate(rows)}
     on_path = {(n["kind"], n["path"]) for n in data["critical_path"]["nodes"]}
-    shade = {"book": "#4c72b0", "part": "#55a868", "chapter": "#8da0cb"}
+    shade = {"book": "#4c72b0", "brief": "#c44e52", "part": "#55a868", "chapter": "#8da0cb"}
     for r in plan:
         key = (r["kind"], r["path"])
         colour = "crimson" if key in on_path else shade[r["kind"]]

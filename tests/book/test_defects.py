@@ -15,6 +15,7 @@ from orchestrator.core.outline import Chapter, Outline, Part
 DESIGN_KEYS = {
     "duplicate_section_titles", "unterminated_blocks", "truncated_sections", "empty_sections", "failed_sections",
     "code_blocks", "near_duplicate_sections", "looping_sections", "words",
+    "repeated_titles", "sibling_overlap",  # issue 28: titles of every level, and how much a chapter repeats itself
 }
 
 _VOCAB = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "queue", "cache", "index", "schema", "retry", "token", "thread", "lock", "build", "test", "deploy"]
@@ -119,6 +120,13 @@ def test_crafted_book_counts():
     json.dumps(j)  # JSON-ready
 
     assert j["duplicate_section_titles"]["count"] == exp["duplicates"]
+    # every level's titles: here only the sections' repeat (the book, part and chapters are distinct)
+    assert j["repeated_titles"]["count"] == exp["duplicates"]
+    assert j["repeated_titles"]["titles"][0] == {"title": "Error Handling", "count": 3,
+                                                 "paths": ["1.1.1", "1.1.2", "1.1.3"]}
+    # the near-duplicate pair shares a chapter (3): their 5-grams are nearly all each other's
+    ov = j["sibling_overlap"]
+    assert ov["sections"] == exp["of"] and ov["max"] > 0.9 and 0 < ov["mean"] < ov["p90"] <= ov["max"] <= 1
     assert j["duplicate_section_titles"]["sections"] == exp["duplicate_sections"]
     top = j["duplicate_section_titles"]["titles"][0]
     assert top["count"] == 3 and top["paths"] == ["1.1.1", "1.1.2", "1.1.3"]
@@ -273,3 +281,14 @@ def test_near_duplicates_beside_boilerplate_every_text_shares():
     own = texts[0].split()[240:]
     texts.append(" ".join(boilerplate + own[:100] + words(60)))  # Jaccard 0.74 with text 0; others 0.42
     assert [(i, j) for i, j, _, _ in near_duplicates(texts)] == [(0, 60)]
+
+
+def test_repeated_titles_count_every_level_of_the_outline():
+    o = Outline("Testing", (Part("Basics", (Chapter("Testing", ("Mocks", "basics")), Chapter("Tools", ("Mocks",)))),
+                            Part("Practice", (Chapter("Tools!", ("Fixtures",)),))))
+    book = assemble(o, {})
+    rt = find_defects(book).to_json()["repeated_titles"]
+    by_title = {t["title"]: t["paths"] for t in rt["titles"]}
+    assert rt["count"] == 4 and by_title == {"Testing": ["", "1.1"], "Basics": ["1", "1.1.2"],
+                                             "Tools": ["1.2", "2.1"], "Mocks": ["1.1.1", "1.2.1"]}
+    assert find_defects(book).to_json()["sibling_overlap"] == {"mean": 0.0, "p90": 0.0, "max": 0.0, "sections": 0}

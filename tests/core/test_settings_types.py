@@ -318,6 +318,7 @@ def test_stream_sections_chooses_by_who_reads_the_text():
 def test_context_is_outline_or_none_and_the_published_preset_keeps_the_reference_requests():
     from orchestrator.core.config import PRESETS
 
-    assert Settings().context == "none" and Settings().distinct_titles is True and Settings().repairs is False
+    assert Settings().context == "outline" and Settings().distinct_titles is True and Settings().repairs is True
+    assert PRESETS["published-take"]["repairs"] is False
     assert PRESETS["published-take"]["context"] == "none" and PRESETS["published-take"]["distinct_titles"] is False
     assert "context must be one of outline, none; got 'plan'" in refused(Settings, context="plan")

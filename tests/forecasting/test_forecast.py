@@ -69,11 +69,25 @@ def test_more_backends_take_less_time_and_share_the_sections():
 def test_whole_job_spans_planning_and_writing():
     fc = forecast(None, shape(3, 4, 5), fleet(2))
     assert 0 < fc.plan_s < fc.whole_job_s and 0 < fc.write_s < fc.whole_job_s
-    assert fc.inputs["planning"]["requests"] == 1 + 3 + 12
+    assert fc.inputs["planning"]["requests"] == 1 + 3 + 12 + 1  # the book, its parts and chapters, the brief
     strict = forecast(None, shape(3, 4, 5, pipeline=False), fleet(2))
     # strict: no section starts before the last title, so planning and writing add up
     assert strict.plan_s + strict.write_s <= strict.whole_job_s + 1e-9
     assert strict.tokens == fc.tokens
+
+
+def test_the_context_and_distinct_titles_are_forecast_as_the_planner_asks():
+    """--context outline: one more planning request (the brief), and a chapter's sections start once its whole list
+    is in; distinct titles: part and chapter replies carry spare titles. The reference's settings forecast neither."""
+    ref = forecast(None, shape(3, 4, 5, context="none", distinct_titles=False), fleet(2))
+    spares = forecast(None, shape(3, 4, 5, context="none"), fleet(2))
+    whole = forecast(None, shape(3, 4, 5), fleet(2))
+    assert ref.inputs["planning"]["requests"] == spares.inputs["planning"]["requests"] == 1 + 3 + 12
+    assert whole.inputs["planning"]["requests"] == 1 + 3 + 12 + 1
+    assert ref.inputs["planning"]["tokens"] < spares.inputs["planning"]["tokens"] < whole.inputs["planning"]["tokens"]
+    assert ref.plan_s <= spares.plan_s
+    # sections wait for whole lists: the first starts later than when it streamed past in its chapter's list
+    assert whole.whole_job_s - whole.write_s > spares.whole_job_s - spares.write_s
 
 
 def test_planned_outline_has_no_planning_time():

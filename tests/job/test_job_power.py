@@ -4,6 +4,7 @@ their coverage; without it the job says "power: not available (...)" and runs as
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ def stats_of(out: Path) -> dict:
 
 def test_job_with_power_on_every_backend(cards, tmp_path):
     out = tmp_path / "book"
-    argv = ["A handbook of kites", *SMALL, "--out", str(out)]
+    # longer sections than SMALL's: a writing window of several of the sampler's 0.5 s rounds, so that the counter's
+    # joules and the gauge's mean watts (each read at the rounds nearest the window's ends) agree within 10%
+    argv = ["A handbook of kites", *SMALL, "--words", "200", "--max-tokens", "300", "--out", str(out)]
     for url, power in zip(cards.urls, cards.power_urls, strict=True):
         argv += ["--backend", url, "--power", power]
     proc = handbook(*argv)
@@ -38,7 +41,8 @@ def test_job_with_power_on_every_backend(cards, tmp_path):
     assert set(p["per_backend"]) == set(cards.urls)
     sc = st["server_counted"]
     assert 0 < sc["kv_cache_usage_peak"] <= 1
-    assert sc["prefix_cache_hit_rate"] == 0  # the simulator looks every prompt token up and finds none
+    # a chapter's section requests share their prompt's prefix (book, brief, part, chapter): the cards find it cached
+    assert 0 < sc["prefix_cache_hit_rate"] < 1 and sc["prefix_cache_coverage"] == "2 of 2"
     assert "power while writing:" in proc.stdout and "tokens per joule" in proc.stdout
 
 
@@ -64,8 +68,13 @@ def test_power_on_some_backends_covers_only_their_tokens(cards, tmp_path):
     p = st["power"]
     assert p["coverage"] == "1 of 2 backends" and p["covered_backends"] == [cards.urls[0]]
     assert p["uncovered_backends"] == [{"url": cards.urls[1], "reason": "no --power endpoint given"}]
-    mine = next(b["tokens"] for b in st["per_backend"] if b["url"] == cards.urls[0])
-    assert p["tokens"] == pytest.approx(mine, rel=0.2, abs=30)  # the covered card's tokens, not the fleet's
+    # the covered card's tokens over the writing window (its sections'; the planning, the brief's included, ended
+    # before the first section with --context outline), not the fleet's
+    db = sqlite3.connect(out / "journal.sqlite")
+    (mine,) = db.execute("SELECT sum(completion_tokens) FROM nodes WHERE kind = 'section' AND backend = ?",
+                         (cards.urls[0],)).fetchone()
+    db.close()
+    assert p["tokens"] == pytest.approx(mine, rel=0.2, abs=30)
     assert "power (1 of 2 backends) while writing" in proc.stdout
 
 

@@ -155,7 +155,9 @@ def test_a_job_whose_model_gives_prose_fences_and_no_book_title_still_makes_its_
                                      for n in ("one", "two", "three", "four")]
     assert_each_section_under_its_own_heading(md, 8)
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["planning_requests"] == 4  # no re-ask for the missing book title, the prose or the fences
+    # the book, its part, two chapters and the brief (--context outline): no re-ask for the missing book title, the
+    # prose or the fences
+    assert stats["planning_requests"] == 5
 
 
 async def _plan_requests(url: str, replies: list[Answer]):

@@ -103,10 +103,17 @@ def test_write_refuses_a_bad_or_missing_outline_in_one_line(tmp_path):
 # -- plan, edit, write --------------------------------------------------------------------------------------------
 
 
-def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path):
+# What an edit changes (a section renamed in chapter 1.1, chapter 2.1 deleted): with --context none the renamed
+# section's own request alone; with outline, every request that names what was edited: chapter 1.1's sections (their
+# requests list their siblings) and chapter 2.2's (their requests list part 2's chapters).
+EDITED = {"none": 1, "outline": 6}
+
+
+@pytest.mark.parametrize("context", sorted(EDITED))
+def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path, context):
     out = tmp_path / "book"
     proc = handbook("plan", PROMPT, *backend_flags(cards.urls), "--parts", "2", "--chapters", "2", "--sections",
-                    "3", "--out", str(out), "-q")
+                    "3", "--out", str(out), "-q", "--context", context)
     assert proc.returncode == 0, proc.stderr
     assert {"outline.md", "outline.json", "forecast.json"} <= {p.name for p in out.iterdir()}
     assert not (out / "book.md").exists()  # planning only
@@ -141,16 +148,17 @@ def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path):
     proc = handbook("write", str(out), *backend_flags(cards.urls), "--format", "md", "-q")
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((out / "stats.json").read_text())
-    assert served(cards.urls) - before == 1, "exactly the renamed section is asked for"
-    assert stats["requests"] == 1 and stats["planning_requests"] == 0
-    assert stats["sections"] == 9 and stats["resumed_sections"] == 8
+    asked = EDITED[context]
+    assert served(cards.urls) - before == asked, "exactly the sections whose requests changed are asked for"
+    assert stats["requests"] == asked and stats["planning_requests"] == 0
+    assert stats["sections"] == 9 and stats["resumed_sections"] == 9 - asked
     md = (out / "book.md").read_text()
     headings = section_headings(md)
     assert renamed in headings and first not in headings
     assert f"### {dropped.title}" not in md and not set(dropped.sections) & set(headings)
     # the forecast's book is the whole book; its requests, what is left to write
     assert stats["forecast"]["sections"] == 9
-    assert sum(b["sections"] for b in stats["forecast"]["per_backend"]) == 1
+    assert sum(b["sections"] for b in stats["forecast"]["per_backend"]) == asked
 
     # Nothing changed: nothing is asked.
     before = served(cards.urls)

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import Settings, generate
 from orchestrator.core.config import Backend
-from orchestrator.core.events import LevelPlanned, NodeStarted
+from orchestrator.core.events import LevelPlanned, NodeFinished, NodeStarted
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.dispatch.fleet import Fleet
 from orchestrator.planning import Planner, TitleStream, extract_titles, parse_titles
@@ -160,8 +160,10 @@ def test_children_start_while_the_parent_reply_still_streams(json_schema):
             async with BackendClient(backend, "sim-qwen3") as client:
                 fleet_ = Fleet([client], [64], events.append)
                 d = Dispatcher(fleet_, events.append, attempts=3, wants_deltas=False)
+                # --context none: a section's request names its titles alone, so it may start as its title streams
+                # past (with outline it waits for its chapter's whole list: test_outline_context_waits_for_the_lists)
                 planner = Planner(d, "Write me a complete software engineering handbook",
-                                  Settings(parts=3, chapters=3, sections=6), events.append)
+                                  Settings(parts=3, chapters=3, sections=6, context="none"), events.append)
 
                 def on_section(book, part, cpath, chapter, si, title):
                     started_sections.append((time.monotonic(), f"{cpath}.{si}"))
@@ -192,6 +194,42 @@ def test_children_start_while_the_parent_reply_still_streams(json_schema):
     anyio.run(main)
 
 
+def test_outline_context_starts_a_chapters_sections_once_its_lists_and_the_brief_are_known():
+    """--context outline (the default): a section's request names its chapter's sections, its part's chapters and the
+    brief, so it starts only once all three are known, with what the finished outline says (that chapters still
+    pipeline is test_context_outline.py's test_a_chapters_sections_start_while_another_chapter_is_planned)."""
+    events: list = []
+    started: list[tuple[float, str, object]] = []
+
+    async def main() -> None:
+        with SimFleet(cards=1, time_scale=1.0) as fleet:
+            backend = Backend(fleet.urls[0], cap=64)
+            async with BackendClient(backend, "sim-qwen3") as client:
+                fleet_ = Fleet([client], [64], events.append)
+                d = Dispatcher(fleet_, events.append, attempts=3, wants_deltas=False)
+                planner = Planner(d, "Write me a complete software engineering handbook",
+                                  Settings(parts=3, chapters=3, sections=6), events.append)
+
+                def on_section(book, part, cpath, chapter, si, title):
+                    ref = planner.section_ref(book, part, cpath, chapter, si, title)
+                    started.append((time.monotonic(), ref.path, ref))
+
+                async with anyio.create_task_group() as tg:
+                    await tg.start(fleet_.run)
+                    outline = await planner.plan(on_section=on_section)
+                    tg.cancel_scope.cancel()
+        ends = {(e.kind, e.path): e.t for e in events if isinstance(e, NodeFinished)}
+        assert outline.brief and ("brief", "brief") in ends
+        refs = {r.path: r for r in outline.sections()}
+        assert sorted(p for _, p, _ in started) == sorted(refs)
+        for t, path, ref in started:
+            part, chapter = path.split(".")[0], path.rsplit(".", 1)[0]
+            assert t >= ends[("chapter", chapter)] and t >= ends[("part", part)] and t >= ends[("brief", "brief")]
+            assert ref == refs[path]  # what the request carries is what the finished outline says
+
+    anyio.run(main)
+
+
 def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path):
     """At temperature 0 a re-ask gets the same reply; a model that repeats titles would fail every attempt."""
     from fake_openai import FakeServer
@@ -202,7 +240,9 @@ def test_planning_reasks_above_temperature_zero_after_an_unusable_reply(tmp_path
     with FakeServer("repeats") as srv:
         result = generate(
             "A book", backends=[srv.url],
-            settings=Settings(parts=2, chapters=2, sections=2, formats=("md",), temperature=0.0),
+            # the fake model repeats titles across nodes too: distinct titles would ask again for that as well
+            settings=Settings(parts=2, chapters=2, sections=2, formats=("md",), temperature=0.0, context="none",
+                              distinct_titles=False),
             out=tmp_path / "o", on_event=lambda e: None,
         )
         seen = [n for n in srv.chat_requests]

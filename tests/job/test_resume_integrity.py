@@ -46,7 +46,8 @@ def test_resume_after_a_reasked_chapter_keeps_every_text_under_its_own_heading(t
         return book_answer(req)
 
     with ScriptedServer(answer) as srv:
-        cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
+        # --context none: sections start as their titles stream past (with outline they wait for the whole list)
+        cmd = job_cmd("A test book", [srv.url], out, *SHAPE, "--context", "none")
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env())
         wait_until(lambda: len(journal_rows(out, "SELECT path FROM nodes WHERE path LIKE '1.1.%'")) == 4
                    and journal_rows(out, "SELECT path FROM nodes WHERE path = '1.1'"), proc)
@@ -89,7 +90,7 @@ def test_titles_committed_before_a_kill_are_kept_when_the_node_is_asked_again(tm
         return book_answer(req)
 
     with ScriptedServer(answer) as srv:
-        cmd = job_cmd("A test book", [srv.url], out, *SHAPE)
+        cmd = job_cmd("A test book", [srv.url], out, *SHAPE, "--context", "none")  # sections start as titles stream
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env())
         wait_until(lambda: {"A", "B"} <= {t for (t,) in journal_rows(out, "SELECT title FROM nodes")}, proc)
         assert journal_rows(out, "SELECT items FROM committed WHERE path = '1.1'") == [('["A","B"]',)]

@@ -93,7 +93,9 @@ def test_cache_fill_and_prefix_hit_rate():
               v: [(0.0, None, None, None), (1.0, None, None, None)]}
     f = cache_figures(caches, 0.0, 2.0)
     assert f["kv_cache_usage"] == {"median": 0.4, "max": 0.6} and f["prefix_cache_hit_rate"] == 0.25
-    assert cache_figures({v: caches[v]}, 0.0, 2.0) == {"kv_cache_usage": None, "prefix_cache_hit_rate": None}
+    assert f["prefix_cache_coverage"] == "1 of 2"  # the rate is u's alone, and says so
+    assert cache_figures({v: caches[v]}, 0.0, 2.0) == {"kv_cache_usage": None, "prefix_cache_hit_rate": None,
+                                                       "prefix_cache_coverage": "0 of 1"}
 
 
 def test_counters_read_the_kv_fill_and_the_prefix_cache():

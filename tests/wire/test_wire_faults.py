@@ -256,7 +256,8 @@ async def test_a_bug_in_the_planners_stream_callback_is_ours_not_the_servers(sim
     monkeypatch.setattr(stream.Expansion, "_advance", broken)
     events: list[object] = []
     out = tmp_path / "o"
-    settings = Settings(parts=2, chapters=2, sections=2, formats=("md",))
+    # --context none: no brief request beside the book node's, so the card's count is the book node's alone
+    settings = Settings(parts=2, chapters=2, sections=2, formats=("md",), context="none")
     with anyio.fail_after(60), pytest.raises(InternalError) as caught:
         await agenerate("A handbook of tide pools", sim.urls, settings, out, on_event=events.append)
     message = str(caught.value)

@@ -1,0 +1,178 @@
+"""A book that reads as one (issue 28): the same books written the reference's way and the default way, compared as
+a reader would count it, on the embedded engine (or on any --backend).
+
+    .venv/bin/python benchmarks/context_quality.py                       # 3 prompts x 2 ways, embedded engine
+    .venv/bin/python benchmarks/context_quality.py --prompts "Write me a guide to sourdough" --excerpts 5
+    .venv/bin/python benchmarks/context_quality.py --backend http://gpu1:8000/v1 --parts 8 --chapters 12 --sections 16
+
+Each prompt is written twice through the real CLI, same shape (the embedded engine's default 3 x 3 x 4 unless
+given), same profile and sampling:
+
+    none      --context none --no-distinct-titles --no-repairs: each section asked with its titles alone, nothing
+              checked afterwards (the reference's way)
+    outline   the defaults: each section request carries the book's brief, its part's chapter titles and its
+              chapter's section titles; no title twice in the book; code that does not parse and near-duplicates
+              asked again once
+
+and counted from what each run left (outline.json, defects.json, stats.json):
+
+    repeated titles    titles of the whole outline (book, parts, chapters, sections) equal after normalising
+    near-dup pairs     pairs of sections whose text largely repeats (defects.json near_duplicate_sections)
+    5-gram share       the mean share of a section's word 5-grams that another section of its chapter holds
+                       (book/overlap.py; defects.json sibling_overlap)
+    python broken      Python blocks that still do not parse, of those checked (``ast``)
+    whole job s        stats.json whole_job_s, and outline's against none's
+
+With no --backend the script starts the embedded engine once (`handbook engine start`) and stops it at the end if it
+started it, so engine start-up is in no job's time. ``--excerpts N`` prints up to N sentences of the outline books
+that name another section of their chapter or a term of the brief: where a section visibly knows its siblings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from orchestrator.book.checks import norm_title
+
+PROMPTS = (
+    "Write me a complete software engineering handbook",
+    "Write me a beginner's guide to data analysis with Python",
+    "Write me a field guide to the rivers of Europe",
+)
+WAYS = {
+    "none": ["--context", "none", "--no-distinct-titles", "--no-repairs"],
+    "outline": [],
+}
+
+
+def handbook(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def engine_up() -> bool:
+    """Start the embedded engine unless one runs; True when this script started it."""
+    status = handbook("engine", "status", "--json")
+    if status.returncode == 0 and json.loads(status.stdout or "{}").get("running"):
+        return False
+    started = handbook("engine", "start", timeout=900)
+    if started.returncode != 0:
+        sys.exit(f"context_quality: the embedded engine did not start: {started.stderr.strip()}")
+    return True
+
+
+def measure(out: Path) -> dict:
+    stats = json.loads((out / "stats.json").read_text())
+    defects = json.loads((out / "defects.json").read_text())
+    outline = json.loads((out / "outline.json").read_text())
+    code = defects["code_blocks"]
+    py_checked = (code.get("checked") or {}).get("python")
+    py_broken = (code.get("still_broken") or {}).get("python")
+    if py_checked is None:  # a run without repairs: its defects count Python blocks failing ast.parse
+        py_checked, py_broken = code["python_syntax_errors"]["of"], code["python_syntax_errors"]["count"]
+    titles = [outline["title"]] + [p["title"] for p in outline["parts"]]
+    titles += [c["title"] for p in outline["parts"] for c in p["chapters"]]
+    titles += [s for p in outline["parts"] for c in p["chapters"] for s in c["sections"]]
+    norms = [norm_title(t) for t in titles]
+    return {
+        "sections": stats["sections"],
+        "failed": stats["failed_sections"] + stats["empty_sections"],
+        "repeated_titles": len(norms) - len(set(norms)),
+        "near_duplicates": defects["near_duplicate_sections"]["count"],
+        "rewritten": defects["near_duplicate_sections"].get("repaired", 0),
+        "five_gram_share": defects["sibling_overlap"]["mean"],
+        "python_checked": py_checked or 0,
+        "python_broken": py_broken or 0,
+        "code_repaired": sum((code.get("repaired") or {}).values()),
+        "requests": stats["requests"],
+        "whole_job_s": stats["whole_job_s"],
+        "brief": outline.get("brief", ""),
+    }
+
+
+def excerpts(out: Path, limit: int) -> list[str]:
+    """Sentences of a book that name another section of their chapter, or a term of the brief in quotes."""
+    outline = json.loads((out / "outline.json").read_text())
+    brief_terms = re.findall(r'"([^"]{3,40})"', outline.get("brief", ""))
+    md = (out / "book.md").read_text()
+    found: list[str] = []
+    for p in outline["parts"]:
+        for c in p["chapters"]:
+            for title in c["sections"]:
+                m = re.search(rf"^#### {re.escape(title)}\n(.*?)(?=^#{{2,4}} |\Z)", md, re.M | re.S)
+                if not m:
+                    continue
+                others = [t for t in c["sections"] if t != title and len(t) > 6]
+                for sentence in re.split(r"(?<=[.!?])\s+", m.group(1)):
+                    low = sentence.lower()
+                    hit = next((t for t in [*others, *brief_terms] if t.lower() in low), None)
+                    if hit and len(sentence) < 400 and not sentence.lstrip().startswith(("#", "```", "|")):
+                        found.append(f'[{c["title"]} / {title}, names "{hit}"] {sentence.strip()}')
+                        break
+    return found[:limit]
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| prompt | way | sections | repeated titles | near-dup pairs (rewritten) | 5-gram share | python broken "
+            "/ checked (repaired) | requests | whole job s | vs none |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    base = {r["prompt"]: r for r in rows if r["way"] == "none"}
+    for r in rows:
+        b = base.get(r["prompt"])
+        ratio = f"{r['whole_job_s'] / b['whole_job_s']:.2f}" if b and b["whole_job_s"] else "-"
+        lines.append(
+            f"| {r['prompt'][:48]} | {r['way']} | {r['sections']} ({r['failed']} failed) | {r['repeated_titles']} | "
+            f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share']:.1%} | {r['python_broken']} / "
+            f"{r['python_checked']} ({r['code_repaired']}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", nargs="+", default=list(PROMPTS))
+    ap.add_argument("--backend", action="append", default=[], help="repeatable (default: the embedded engine)")
+    ap.add_argument("--parts", type=int)
+    ap.add_argument("--chapters", type=int)
+    ap.add_argument("--sections", type=int)
+    ap.add_argument("--out", help="keep the books here (default: a temporary folder)")
+    ap.add_argument("--excerpts", type=int, default=3, help="sentences to print that know their siblings")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    shape = [x for k in ("parts", "chapters", "sections") if getattr(args, k)
+             for x in (f"--{k}", str(getattr(args, k)))]
+    backends = [x for u in args.backend for x in ("--backend", u)]
+    started = False if args.backend else engine_up()
+    rows: list[dict] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(args.out or tmp)
+            for i, prompt in enumerate(args.prompts):
+                for way, flags in WAYS.items():
+                    out = root / f"{i + 1}-{way}"
+                    print(f"[{prompt!r}, {way} ...]", file=sys.stderr, flush=True)
+                    run = handbook(prompt, *shape, *backends, *flags, "--out", str(out), "--format", "md", "-q",
+                                   "--fresh")
+                    if run.returncode not in (0, 1):
+                        sys.exit(f"context_quality: {prompt!r} ({way}) failed: {run.stderr.strip()[-400:]}")
+                    rows.append({"prompt": prompt, "way": way, "out": str(out), **measure(out)})
+            print(table(rows))
+            for r in rows:
+                if r["way"] == "outline":
+                    print(f"\nbrief of {r['prompt']!r}: {r['brief'] or '(none)'}")
+                    for e in excerpts(Path(r["out"]), args.excerpts):
+                        print(f"  {e}")
+            if args.json:
+                print(json.dumps(rows, indent=2))
+    finally:
+        if started:
+            handbook("engine", "stop")
+
+
+if __name__ == "__main__":
+    main()

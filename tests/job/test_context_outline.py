@@ -1,0 +1,129 @@
+"""Sections that see the plan (issue 28 §1), through the real CLI against a scripted server: with the default
+``--context outline`` the planner asks for the book's brief once, beside the book node; every section request
+carries the brief, its part's chapter titles and its chapter's section titles, with the chapter's requests sharing
+one prompt prefix up to the section's own line; outline.md shows the brief where a person edits it, and an edited
+brief redoes every section (a rerun without an edit asks nothing). A brief that cannot be had is no brief: the
+book is written without one. ``--context none`` asks what the reference asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from local_http import env, job_cmd
+from scripted_book import BRIEF, SHAPE, book_answer
+from scripted_openai import Answer, Request, ScriptedServer
+
+from orchestrator.core.outline_md import read_outline_md
+
+CHAPTERS = {"Basics": [f"Basics {i}" for i in range(1, 5)], "Practice": [f"Practice {i}" for i in range(1, 5)]}
+
+
+def _user(req: Request) -> str:
+    return req.body["messages"][-1]["content"]
+
+
+def _run(cmd: list[str], srv: ScriptedServer) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*cmd, "--backend", srv.url], capture_output=True, text=True, timeout=120, env=env())
+
+
+def test_every_section_request_carries_the_brief_and_the_plan_with_a_shared_prefix(tmp_path):
+    out = tmp_path / "o"
+    with ScriptedServer(book_answer) as srv:
+        run = _run(job_cmd("A test book", [], out, *SHAPE), srv)
+        assert run.returncode == 0, run.stderr
+        briefs, sections = srv.of("brief"), srv.of("section")
+    assert len(briefs) == 1 and briefs[0].title == "A test book"
+    assert len(sections) == 8 and all(r.nth == 1 for r in sections)
+    by_title = {r.title: _user(r) for r in sections}
+    for titles in CHAPTERS.values():
+        texts = [by_title[t] for t in titles]
+        for i, (title, text) in enumerate(zip(titles, texts), 1):
+            assert BRIEF in text, text
+            assert "Basics" in text and "Practice" in text  # the part's chapter titles
+            assert all(t in text for t in titles)  # the chapter's section titles, this one's included
+            assert f'Write the section "{title}" (section {i} of the chapter)' in text
+            # everything before the section's own line is the chapter's shared prefix
+            assert text.index(f'Write the section "{title}"') > text.index(titles[-1])
+        prefix = os.path.commonprefix(texts)  # noqa: RUF071 - the characters the requests share, as a cache sees
+        assert prefix.endswith(titles[-1] + "\n") or all(t in prefix for t in titles), prefix[-200:]
+        assert len(prefix) >= len(texts[0]) - 120
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["planning_requests"] == 1 + 1 + 1 + 2  # the brief, the book, one part, two chapters
+    assert stats["requests"] == stats["planning_requests"] + 8
+    outline = json.loads((out / "outline.json").read_text())
+    assert outline["brief"] == BRIEF
+
+
+def test_a_chapters_sections_start_while_another_chapter_is_planned(tmp_path):
+    # The "Practice" chapter's list comes 3 s late; "Basics"'s sections need only their own chapter's list, the
+    # part's and the brief, so they are asked while "Practice" is still being planned.
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter" and req.title == "Practice":
+            return Answer(book_answer(req).text, delay_s=3.0)
+        return book_answer(req)
+
+    with ScriptedServer(answer) as srv:
+        run = _run(job_cmd("A test book", [], tmp_path / "o", *SHAPE), srv)
+        assert run.returncode == 0, run.stderr
+        (practice,) = [r for r in srv.of("chapter") if r.title == "Practice"]
+        basics = [r for r in srv.of("section") if r.title.startswith("Basics")]
+    assert len(basics) == 4 and max(r.t for r in basics) < practice.t + 3.0
+
+
+def test_context_none_asks_no_brief_and_sends_the_references_request(tmp_path):
+    out = tmp_path / "o"
+    with ScriptedServer(book_answer) as srv:
+        run = _run(job_cmd("A test book", [], out, *SHAPE, "--context", "none"), srv)
+        assert run.returncode == 0, run.stderr
+        assert not srv.of("brief")
+        for r in srv.of("section"):
+            assert _user(r) == (f'Book: "The Test Book"\nPart: "Foundations"\nChapter: "{r.title.split()[0]}"\n'
+                                f'Write the section "{r.title}" in about 250 words of Markdown.')
+    assert "brief" not in json.loads((out / "outline.json").read_text())
+
+
+def test_a_brief_that_fails_is_no_brief_and_the_book_is_still_written(tmp_path):
+    def answer(req: Request) -> Answer:
+        if req.kind == "brief":
+            return Answer(status=500, error="the brief's server is broken")
+        return book_answer(req)
+
+    out = tmp_path / "o"
+    with ScriptedServer(answer) as srv:
+        run = _run(job_cmd("A test book", [], out, *SHAPE), srv)
+        assert run.returncode == 0, run.stderr
+        assert 1 <= len(srv.of("brief")) <= 2  # one retry at most: sections wait for it
+        assert len(srv.of("section")) == 8
+        assert all(BRIEF not in _user(r) and "About the book" not in _user(r) for r in srv.of("section"))
+    assert "the book brief could not be made" in run.stderr
+
+
+def test_an_edited_brief_redoes_the_sections_and_an_unedited_rerun_asks_nothing(tmp_path):
+    out = tmp_path / "o"
+    plan = [a for a in job_cmd("A test book", [], out, *SHAPE) if a != "-q"]
+    plan[plan.index("-m") + 2:plan.index("-m") + 2] = ["plan"]  # python -m orchestrator plan PROMPT ...
+    with ScriptedServer(book_answer) as srv:
+        run = _run(plan, srv)
+        assert run.returncode == 0, run.stderr
+        md = (out / "outline.md").read_text()
+        assert "> This book is for testers" in md and md.index("> This book") < md.index("## Foundations")
+        assert read_outline_md(out / "outline.md").brief == BRIEF
+        write = ["-m", "orchestrator", "write", str(out), "-q", "--format", "md"]
+        first = subprocess.run([plan[0], *write, "--backend", srv.url], capture_output=True, text=True,
+                               timeout=120, env=env())
+        assert first.returncode == 0, first.stderr
+        assert len(srv.of("section")) == 8 and all(BRIEF in _user(r) for r in srv.of("section"))
+        before = len(srv.requests)
+        again = subprocess.run([plan[0], *write, "--backend", srv.url], capture_output=True, text=True,
+                               timeout=120, env=env())
+        assert again.returncode == 0, again.stderr
+        assert len(srv.requests) == before, "a rerun with nothing edited asked again"
+        (out / "outline.md").write_text(md.replace("> This book is for testers", "> This book is for auditors"))
+        edited = subprocess.run([plan[0], *write, "--backend", srv.url], capture_output=True, text=True,
+                                timeout=120, env=env())
+        assert edited.returncode == 0, edited.stderr
+        redone = srv.requests[before:]
+        assert sorted(r.title for r in redone) == sorted(t for ts in CHAPTERS.values() for t in ts)
+        assert all("This book is for auditors" in _user(r) for r in redone)

@@ -1,0 +1,60 @@
+"""The book brief's reply -> the brief (planning/brief.clean_brief): what a model wraps around it is dropped, it is
+kept to MAX_BRIEF_WORDS words ending on a sentence, and a reply with no brief in it gives none."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.outline import normal_brief
+from orchestrator.planning.brief import MAX_BRIEF_WORDS, MIN_BRIEF_WORDS, clean_brief
+
+PLAIN = ("This book is for engineers in their first years of work. It speaks to the reader as a colleague would. "
+         "One running example, a small bookshop's order service, carries through every chapter. The words "
+         "\"service\" and \"release\" keep one meaning throughout.")
+
+
+def test_a_plain_paragraph_is_kept_as_it_is():
+    assert clean_brief(PLAIN) == PLAIN == normal_brief(PLAIN)
+
+
+@pytest.mark.parametrize("wrapped", [
+    f"Here is the book brief:\n\n{PLAIN}",
+    f"Sure! Below is a brief.\n\n**Brief:** {PLAIN}",
+    f"# Book brief\n\n{PLAIN}\n\n```text\nnot part of it\n```",
+    f"Brief: {PLAIN}",
+    f"- {PLAIN}",
+])
+def test_lead_ins_labels_headings_markers_and_code_are_dropped(wrapped):
+    assert clean_brief(wrapped) == PLAIN
+
+
+def test_paragraphs_stay_apart_and_whitespace_is_normal():
+    two = "This book is for new team leads.\n  It speaks   plainly.\n\n\nIts running example is a ticket service used throughout."
+    assert clean_brief(two) == ("This book is for new team leads. It speaks plainly.\n\n"
+                                "Its running example is a ticket service used throughout.")
+
+
+def test_a_long_reply_is_cut_back_to_a_sentence_within_the_limit():
+    sentence = "Every chapter returns to the bookshop and its orders, payments and refunds. "
+    brief = clean_brief(sentence * 40)
+    assert 0 < len(brief.split()) <= MAX_BRIEF_WORDS
+    assert brief.endswith(".") and brief == normal_brief(brief)
+
+
+def test_a_reply_cut_by_its_token_cap_ends_on_its_last_complete_sentence():
+    cut = PLAIN + " The second paragraph starts and then the"
+    assert clean_brief(cut, truncated=True) == PLAIN
+    # a last sentence without its closing punctuation is dropped even when the reply was not cut
+    assert clean_brief(PLAIN + " And then it trails off without") == PLAIN
+
+
+@pytest.mark.parametrize("empty", ["", "   ", "Brief:", "Here is the brief:", "```\ncode only\n```",
+                                   "A Software Engineering Handbook.", "# A title alone"])
+def test_a_reply_without_a_brief_in_it_gives_none(empty):
+    assert clean_brief(empty) == ""
+
+
+def test_fewer_than_the_minimum_words_is_no_brief():
+    short = " ".join(["word"] * (MIN_BRIEF_WORDS - 2)) + "."
+    assert clean_brief(short) == ""
+    assert clean_brief(" ".join(["word"] * MIN_BRIEF_WORDS) + ".") != ""
