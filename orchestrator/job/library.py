@@ -181,6 +181,7 @@ class _Library:
         self.failed: list[tuple[str, str]] = []
         self.forecast: dict[str, Any] | None = None
         self.model = ""
+        self.models: dict[str, str] = {}
         self.handle_sigint = False
         self.dedupe: CrossIndex | None = None  # --dedupe reask: the finished books' sections
         self.lines: dict[str, int] = {}  # the line of each book that failed
@@ -194,6 +195,7 @@ class _Library:
 
         settings = self.settings
         self.model = ",".join(sorted({m for _, m in usable}))
+        self.models = {b.url: m for b, m in usable}  # a section's row names its own backend's model
         fleet = Fleet(clients, caps, self.bus, all_down_timeout=settings.all_down_timeout_s)
         sampler = MetricsSampler([b.url for b, _ in usable], interval=settings.metrics_interval_s, on_sample=self.bus)
         if any(b.power for b, _ in usable):
@@ -354,7 +356,8 @@ class _Library:
         assert isinstance(result, Result) and result.book is not None
         row = book_row(book.id, book.key, book.prompt, result.book, folder=f"books/{book.id}",
                        files=sorted(p.name for p in result.paths.values() if p.parent == folder))
-        rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=times)
+        rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=times,
+                            models=self.models)
         await anyio.to_thread.run_sync(writer.add_book, row, rows)
         if shared.dedupe is not None:  # --dedupe reask: the books finished after this one are asked against it
             done = [s for s in result.book.sections if not s.error and s.text.strip()]

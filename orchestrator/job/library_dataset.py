@@ -98,13 +98,16 @@ _ID_COLUMN = {"sections": "book_id", "books": "id"}
 
 def section_rows(book_id: str, prompt: str, book: Book, *, model: str | None = None,
                  attempts: Mapping[str, int] | None = None,
-                 times: Mapping[str, tuple[float, float]] | None = None) -> tuple[SectionRow, ...]:
-    """The rows of a finished book, in outline order; ``attempts`` and ``times`` by section path (the journal's)."""
+                 times: Mapping[str, tuple[float, float]] | None = None,
+                 models: Mapping[str, str] | None = None) -> tuple[SectionRow, ...]:
+    """The rows of a finished book, in outline order; ``attempts`` and ``times`` by section path (the journal's);
+    each row's model is its backend's (``models``: url -> the model it served), else ``model``."""
     rows = []
     for s in book.sections:
         t0, t1 = (times or {}).get(s.path, (None, None))
+        served = (models or {}).get(s.backend or "", model)
         rows.append(SectionRow(book_id, prompt, book.outline.title, s.part, s.chapter, s.title, s.path, s.text,
-                               count_words(s.text), s.completion_tokens, s.finish_reason, s.backend, model,
+                               count_words(s.text), s.completion_tokens, s.finish_reason, s.backend, served,
                                (attempts or {}).get(s.path, 1), t0, t1, None if s.error is None else str(s.error)))
     return tuple(rows)
 

@@ -111,10 +111,18 @@ def book_key(prompt: str, settings: Settings) -> str:
     return _key(prompt, _settings_blob(settings))
 
 
+# Settings that change a book's text without being in resume_key (a single book's journal follows them section by
+# section: handbook write may change them), each with the value the reference's way has: a key holds one only where
+# it differs, so a library made the reference's way before they existed keeps its keys (and its books).
+_TEXT_SETTINGS = {"context": "none", "distinct_titles": False, "repairs": False, "finish_truncated": False}
+
+
 def _settings_blob(settings: Settings) -> bytes:
-    """``settings.resume_key()`` as canonical JSON (sorted keys; a float setting given as 0 written as 0.0)."""
+    """``settings.resume_key()`` and the :data:`_TEXT_SETTINGS` that differ from the reference's, as canonical JSON
+    (sorted keys; a float setting given as 0 written as 0.0)."""
     key = {k: float(v) if k in _FLOATS and isinstance(v, int) and not isinstance(v, bool) else v
            for k, v in settings.resume_key().items()}
+    key.update({k: getattr(settings, k) for k, ref in _TEXT_SETTINGS.items() if getattr(settings, k) != ref})
     return orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
 
 

@@ -204,6 +204,9 @@ def test_rows_from_a_finished_book():
         ("Range", 5, 9, "stop", 1, None), ("Diet", 3, 12, "length", 1, None), ("Calls", 0, 0, None, 8, "HTTP 500 x8")]
     assert (rows[0].t_start, rows[0].t_end, rows[1].t_start) == (10.0, 12.5, None)
     assert {(r.book_id, r.prompt, r.book_title, r.model) for r in rows} == {("owls", "Write about owls", "Owls", "m")}
+    # each row names the model of the backend that wrote it; a failed section (no backend) the library's
+    served = section_rows("owls", "p", book, model="a,b", models={"http://a/v1": "qwen", "http://b/v1": "llama"})
+    assert [r.model for r in served] == ["qwen", "llama", "a,b"]
     row = book_row("owls", "key", "Write about owls", book, folder="books/owls", files=["book.md"])
     assert (row.shape, row.sections, row.words, row.tokens, row.status) == ((1, 1, 3), 3, 8, 21, "failed")
     whole = Book(outline, texts[:2], "")

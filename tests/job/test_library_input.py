@@ -9,6 +9,7 @@ import re
 import tracemalloc
 from pathlib import Path
 
+import orjson
 import pytest
 
 from orchestrator.core.config import SETTING_NAMES, Settings
@@ -17,6 +18,7 @@ from orchestrator.job.library_input import (
     BOOK_KEYS,
     PER_BOOK_SETTINGS,
     LibraryBook,
+    _settings_blob,
     book_key,
     check_file,
     derive_id,
@@ -197,8 +199,15 @@ def test_the_key_is_the_prompt_and_what_decides_the_text():
     for changed in (Settings(words=300), Settings(max_tokens=600), Settings(sections=3), Settings(system="Brief."),
                     Settings(profile="reasoning") if "reasoning" in _profiles() else Settings(top_p=0.5)):
         assert book_key("A", changed) != book_key("A", BASE)
-    for unchanged in (Settings(cap=8), Settings(attempts=2), Settings(connect_timeout_s=3.0)):
+    for unchanged in (Settings(cap=8), Settings(attempts=2), Settings(connect_timeout_s=3.0), Settings(affinity=False)):
         assert book_key("A", unchanged) == book_key("A", BASE)
+    # what each section request carries and what is asked again decide the text too (a line changing them redoes
+    # its book); made the reference's way, a book keeps the key it had before these settings existed
+    for changed in (Settings(context="none"), Settings(distinct_titles=False), Settings(repairs=False),
+                    Settings(finish_truncated=True)):
+        assert book_key("A", changed) != book_key("A", BASE)
+    reference = Settings(context="none", distinct_titles=False, repairs=False)
+    assert _settings_blob(reference) == orjson.dumps(reference.resume_key(), option=orjson.OPT_SORT_KEYS)
     assert re.fullmatch(r"[0-9a-f]{32}", book_key("A", BASE))
 
 
