@@ -12,7 +12,9 @@ counted from 1 over the section's text, ``text.split("\\n")``.
   syntax newer than the interpreter running the check fails), JSON (``json.loads``), TOML (``tomllib.loads``), YAML
   (PyYAML's ``compose_all``: every document of a stream, syntax only, like ``ast.parse``, so an application's own
   tags such as CloudFormation's ``!Ref`` and a template's ``{{ value }}`` keys, which only constructing the values
-  would refuse, pass). Untagged and unknown blocks are seen but not checked.
+  would refuse, pass); a YAML block holding template directives (Helm's ``{{- if }}``, Jinja's ``{% for %}``, a
+  line that is a ``{{ ... }}`` alone) is a template, seen but not checked. Untagged and unknown blocks are seen but
+  not checked.
 - Each code line loses up to as many leading spaces as its opening fence is indented (CommonMark's rule, so a block
   in a list item indented at most 3 spaces parses); a CRLF's ``"\\r"`` is dropped.
 - A Python block holding a ``>>>`` prompt is a REPL transcript (as ``defects`` counts it): only its ``>>>``/``...``
@@ -51,6 +53,9 @@ _CANONICAL = {
 _NAMES = {"python": "Python", "json": "JSON", "toml": "TOML", "yaml": "YAML"}  # as a re-ask names them
 NOTED = 3  # errors repair_note spells out; the rest it counts
 _TAG_END = re.compile(r"[,;{}]")
+# A Helm or Jinja template tagged yaml: its directives ("{{- if .Values.x }}", "{% for %}") are the template's, and
+# only its rendering is YAML, so it is seen but not checked (a "{{ value }}" in a value position parses: it is kept).
+_YAML_TEMPLATE = re.compile(r"\{%|\{\{-|-\}\}|^\s*\{\{.*\}\}\s*$", re.MULTILINE)
 _TOML_AT = re.compile(r"^(.*?) \(at (?:line (\d+), column \d+|end of document)\)$", re.DOTALL)
 
 
@@ -139,7 +144,7 @@ def check_code(text: str) -> CodeReport:
             count[3] += 1
             continue
         parse = _PARSERS.get(lang)
-        if parse is None:
+        if parse is None or (lang == "yaml" and _YAML_TEMPLATE.search(block.code)):
             continue
         count[1] += 1
         found = parse(_code_lines(block.code, block.indent))

@@ -26,6 +26,7 @@ from .fleet import Fleet
 from .journal import Journal, StoredNode
 
 T = TypeVar("T")
+REASK = "reask"  # Dispatcher.replies' label of a request for a node already journaled (see Dispatcher.replies)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class _Node(Generic[T]):
     on_delta: Callable[[str], None] | None
     affinity: Hashable | None = None
     attempts: int = 0
+    label: str = ""  # what its replies are recorded as in ``Dispatcher.replies``: its kind, or REASK
 
 
 class Dispatcher:
@@ -71,7 +73,9 @@ class Dispatcher:
         self.wants_deltas = wants_deltas
         self.journal = journal
         self.requests = 0
-        self.replies: list[tuple[str, Reply]] = []  # (kind, reply) of every attempt, for usage and errors
+        # (kind, reply) of every attempt, for usage and errors; a request for a node already journaled (a repair's
+        # re-ask, a continuation: journaled=False) is recorded as REASK, not as another of its kind
+        self.replies: list[tuple[str, Reply]] = []
         self.resumed: dict[str, int] = {}
         self.resumed_levels = [0, 0, 0, 0]
 
@@ -145,7 +149,8 @@ class Dispatcher:
         if self.wants_deltas:
             on_delta = partial(self._delta, path, on_delta)
         node = _Node(path, kind, title, build, validate, priority, on_delta,
-                     None if affinity is None else (self.rank, affinity))
+                     None if affinity is None else (self.rank, affinity),
+                     label=kind if journaled else REASK)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=self._wait,
@@ -199,7 +204,7 @@ class Dispatcher:
             # more than one reply when a structured request was refused and sent again in text (client.send)
             *refused, reply = await client.send(partial(self._body, node, client, n), attempt=n,
                                                 on_delta=node.on_delta)
-            self.replies.extend((node.kind, r) for r in refused)
+            self.replies.extend((node.label, r) for r in refused)
             self.fleet.report(client, reply)
         value = None
         if reply.ok and node.validate is not None:
@@ -207,7 +212,7 @@ class Dispatcher:
                 value = node.validate(reply)
             except ValueError as e:
                 reply = replace(reply, error=f"unusable reply: {e}", retryable=True)
-        self.replies.append((node.kind, reply))
+        self.replies.append((node.label, reply))
         if not reply.ok:
             final = not reply.retryable or n >= self.attempts
             self.emit(NodeFailed(node.path, node.kind, node.title, reply.backend, n, reply.error or "?", final,

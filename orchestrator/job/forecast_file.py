@@ -18,6 +18,7 @@ import orjson
 from ..core.config import Backend, Settings
 from ..core.errors import ConfigError
 from ..core.outline import Outline
+from ..core.profiles import Profile
 from ..core.states import NodeKind
 from ..dispatch.journal import FILENAME as JOURNAL_FILE
 from ..dispatch.journal import Journal
@@ -95,12 +96,12 @@ def _recorded_fits(path: Path, backends: list[Backend]) -> list[StepFit] | None:
             for f in chosen if f is not None]
 
 
-def written_paths(outline: Outline, journal: Journal, settings: Settings) -> set[str]:
+def written_paths(outline: Outline, journal: Journal, settings: Settings, profile: Profile) -> set[str]:
     """The sections of ``outline`` the journal answers (same title and context): no time or tokens in a forecast of
     this run, but pages in the book."""
     return {ref.path for ref in outline.sections()
             if journal.get(ref.path, NodeKind.SECTION, ref.title,
-                           section_context(ref, settings, ref.words or settings.words)) is not None}
+                           section_context(ref, settings, ref.words or settings.words, profile)) is not None}
 
 
 def forecast_json(forecast: Forecast, budget: Budget | None) -> dict[str, Any]:

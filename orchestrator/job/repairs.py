@@ -21,6 +21,7 @@ Settings.repairs turns both off (the published preset does: its book stays the r
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -31,6 +32,7 @@ from ..book.checks import loop_reason
 from ..book.codecheck import check_code, repair_note
 from ..book.crossdup import CrossIndex
 from ..book.textscan import near_duplicates
+from ..core.events import NodeFinished
 from ..core.reply import Reply
 from ..core.states import NodeKind
 
@@ -148,6 +150,8 @@ async def repair_duplicates(dispatcher: Dispatcher, journal: Journal, sections: 
         reply = replace(new, attempt=done.reply.attempt + out.attempts) if fixed else done.reply
         value = {**done.value, "dedupe": {"of": other.path, "repaired": fixed}}
         journal.record(path, NodeKind.SECTION, done.title, reply, reply.attempt, value)
+        # the re-ask's attempt is over (the views close it) and the section has the text it keeps
+        dispatcher.emit(NodeFinished(path, NodeKind.SECTION, done.title, reply, time.monotonic()))
         if fixed:
             rewritten.append(path)
             old = sections[path]

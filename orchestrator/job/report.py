@@ -13,6 +13,7 @@ from typing import Any
 
 from ..book.assemble import Book
 from ..core.reply import Reply
+from ..dispatch.dispatcher import REASK
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     words = book.words
     sections = len(book.sections)
     section_replies = [r for k, r in rec.replies if k == "section"]
-    plan_replies = [r for k, r in rec.replies if k != "section"]
+    reask_replies = [r for k, r in rec.replies if k == REASK]  # repairs and continuations of written sections
+    plan_replies = [r for k, r in rec.replies if k not in ("section", REASK)]
     section_tokens = sum(r.completion_tokens for r in section_replies)
     probe_tokens = sum(f.probe_tokens for f in rec.fleet)
     tokens = sum(r.completion_tokens for _, r in rec.replies) + probe_tokens
@@ -110,6 +112,10 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "pdf_pages": rec.pdf_pages,
         "requests": len(rec.replies),
         "planning_requests": len(plan_replies),
+        # a section asked again once it was written: a repair (--repairs: code, near-duplicates; a library's
+        # --dedupe reask) or --finish-truncated's continuation; in requests and tokens_written, not in section_tokens
+        "reask_requests": len(reask_replies),
+        "reask_tokens": sum(r.completion_tokens for r in reask_replies),
         "request_errors": sum(1 for _, r in rec.replies if not r.ok),
         "failed_sections": len(failed),
         "interrupted_sections": len(interrupted),

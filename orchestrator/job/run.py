@@ -346,7 +346,8 @@ class _Job:
         if self.mode.plan_only:
             return fits, None  # forecast after planning, of the outline it made (save_plan)
         outline = self.mode.outline or journal.outline
-        done = set() if outline is None else written_paths(outline, journal, settings)
+        done = set() if outline is None else written_paths(outline, journal, settings,
+                                                            resolve_profile(settings, usable[0][1]))
         data = forecast_json(forecast_of(outline, settings, fits, planned=outline is not None, done=done), self.budget)
         write_json(self.out_dir / FORECAST_FILE, data)  # a rerun reads the step times back instead of probing
         return fits, data

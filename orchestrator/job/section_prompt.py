@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import orjson
-
 from ..core.config import Settings
 from ..core.outline import SectionRef
 from ..core.profiles import Profile
@@ -44,12 +42,14 @@ def section_text(ref: SectionRef, settings: Settings, profile: Profile, words: i
     return render(template_of(profile, settings), settings.templates, **values)
 
 
-def section_context(ref: SectionRef, settings: Settings, words: int) -> dict[str, Any]:
-    """The section's journal context: its titles and length, and with ``outline`` a digest of what else it says."""
+def section_context(ref: SectionRef, settings: Settings, words: int, profile: Profile) -> dict[str, Any]:
+    """The section's journal context: its titles and length, and with ``outline`` a digest of the request's text as
+    the profile's template renders it (exactly what it carries: a template that leaves the part's chapters out is
+    not redone when a chapter is renamed)."""
     context = ref.context(words)
     if settings.context == "outline":
-        carried = orjson.dumps([ref.brief, list(ref.part_chapters), list(ref.siblings)])
-        context["outline"] = hashlib.blake2b(carried, digest_size=8).hexdigest()
+        text = section_text(ref, settings, profile, words)
+        context["outline"] = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
     return context
 
 
@@ -61,6 +61,9 @@ def affinity_key(ref: SectionRef, settings: Settings) -> str | None:
 
 
 def check_templates(settings: Settings, profile: Profile) -> None:
-    """Render the section template once with empty values: a broken template fails before planning."""
+    """Render the section template once with empty values, and with ``outline`` the brief's: a broken template fails
+    before planning, not after requests were spent."""
     ref = SectionRef("1.1.1", "", "", "", "")
     section_text(ref, settings, profile, 1)
+    if settings.context == "outline":
+        render(profile.brief_template, settings.templates, request="", words=1, book_phrase="")

@@ -217,7 +217,7 @@ class Writer:
         settings, profile = self.settings, self.profile
         words = ref.words or settings.words
         max_tokens = settings.max_tokens_for(words)
-        context = section_context(ref, settings, words)
+        context = section_context(ref, settings, words, profile)
         messages = profile.messages(section_text(ref, settings, profile, words))
         check = SectionCheck(ref.title)
         stream = settings.streams_sections(dispatcher.wants_deltas)

@@ -59,6 +59,7 @@ BRIEF_MAX_TOKENS = 260  # 150 words at ~1.42 tokens each, and a sentence's room 
 # Lines that are the model talking or labelling rather than the brief ("Here is the brief:", "# Book brief").
 _LEAD_IN = re.compile(r"^(?:here(?:'s| is)|sure\b|certainly|of course|below is)", re.IGNORECASE)
 _LABEL = re.compile(r"^(?:\*\*|__)?(?:the\s+)?(?:book\s+)?brief(?:\*\*|__)?\s*[:\-–—]\s*(?:\*\*|__)?\s*", re.IGNORECASE)
+_LEAD_IN_END = re.compile(r"[:.!?](?:\s|$)")  # where a lead-in ends: its colon or its first sentence
 _MARKER = re.compile(r"^(?:[-*•+]|\d+[.)])\s+")
 _SENTENCE_END = re.compile(r"[.!?][\"'”’)]?(?=\s|$)")
 
@@ -72,8 +73,10 @@ def clean_brief(text: str, truncated: bool = False) -> str:
     lines: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()
-        if line.startswith(("```", "~~~", "#")) or (line.endswith(":") and len(line.split()) <= 8) \
-                or _LEAD_IN.match(line):
+        while line and _LEAD_IN.match(line):  # "Sure! Here is the brief: This book is for..." keeps "This book..."
+            m = _LEAD_IN_END.search(line)
+            line = line[m.end():].strip() if m else ""
+        if not line or line.startswith(("```", "~~~", "#")) or (line.endswith(":") and len(line.split()) <= 8):
             lines.append("")
             continue
         line = _LABEL.sub("", _MARKER.sub("", line)).replace("**", "").replace("__", "")

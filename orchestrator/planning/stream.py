@@ -351,6 +351,7 @@ class Expansion:
         self.title = title
         self.committed = list(items[: self.n])
         self.norms = {norm(t) for t in self.committed}
+        self.taken.update(self.norms)  # the book's from now: another node re-asked on this rerun may not take them
 
     def retry_note(self) -> str:
         if not self.committed:

@@ -171,6 +171,10 @@ class JobState:
         if not e.final:
             self.retries += 1
             return
+        if e.kind == NodeKind.BRIEF or e.path in self.sections_done:
+            # No node is lost: a book without a brief is written all the same, and a section asked again after it
+            # was written (a repair's re-ask, a continuation) keeps the text it had.
+            return
         self.nodes_failed.add(e.path)
         if e.kind == "section":
             self.sections_failed.add(e.path)

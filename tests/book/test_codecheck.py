@@ -98,6 +98,16 @@ def test_a_toml_error_at_the_end_of_the_document_is_on_the_blocks_last_line():
     assert error.line == _line_of(text, "unterminated")
 
 
+@pytest.mark.parametrize("code", [
+    "{{- if .Values.enabled }}\nkind: Service\n{{- end }}",  # Helm
+    "{% for host in hosts %}\n- name: {{ host }}\n{% endfor %}",  # Jinja
+    "apiVersion: v1\n{{ include \"labels\" . }}\nkind: Pod",  # a directive alone on its line
+])
+def test_a_yaml_template_is_seen_not_checked(code):
+    report = check_code(_section(("yaml", code)))
+    assert report.languages == {"yaml": LanguageCounts(seen=1, checked=0, broken=0, cut=0)} and report.ok
+
+
 @pytest.mark.parametrize("info", ["", "bash", "console", "rust", "jsonc", "mermaid"])
 def test_untagged_and_unknown_blocks_are_seen_not_checked(info):
     report = check_code(_section((info, "this is : not [ code in any language {")))

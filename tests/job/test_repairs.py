@@ -47,6 +47,11 @@ def test_broken_code_and_a_near_duplicate_are_asked_again_once_and_a_rerun_repea
         asks = [(r.title, r.nth) for r in srv.of("section")]
         assert sorted(t for t, n in asks if n == 2) == ["Basics 1", "Basics 2", "Practice 2"]
         assert max(n for _, n in asks) == 2, "a repair was asked more than once"
+        first = json.loads((out / "stats.json").read_text())
+        # the three re-asks are counted as such: requests, not sections written (8, one per section)
+        assert first["reask_requests"] == 3 and first["reask_tokens"] > 0
+        assert sum(b["sections"] for b in first["per_backend"]) == 8
+        assert first["requests"] == first["planning_requests"] + 8 + 3
         before = len(srv.requests)
         again = subprocess.run([*cmd, "--backend", srv.url], capture_output=True, text=True, timeout=120, env=env())
         assert again.returncode == 0, again.stderr
@@ -55,6 +60,8 @@ def test_broken_code_and_a_near_duplicate_are_asked_again_once_and_a_rerun_repea
     assert "def f(x):" in book["Basics 1"] and "def f(:" not in book["Basics 1"]
     assert "def f(:" in book["Basics 2"]
     assert "Caching keeps" in book["Practice 1"] and "Caching keeps" not in book["Practice 2"]
+    stats = json.loads((out / "stats.json").read_text())  # the rerun's: it asked nothing
+    assert stats["requests"] == 0 and stats["reask_requests"] == 0
     d = json.loads((out / "defects.json").read_text())
     code = d["code_blocks"]
     assert code["repaired"] == {"python": 1} and code["still_broken"] == {"python": 1}

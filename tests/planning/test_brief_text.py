@@ -23,6 +23,9 @@ def test_a_plain_paragraph_is_kept_as_it_is():
     f"# Book brief\n\n{PLAIN}\n\n```text\nnot part of it\n```",
     f"Brief: {PLAIN}",
     f"- {PLAIN}",
+    f"Here is the book brief: {PLAIN}",  # the lead-in and the brief on one line: the lead-in goes, the brief stays
+    f"Sure! {PLAIN}",
+    f"Certainly. Here's a brief for the book: {PLAIN}",
 ])
 def test_lead_ins_labels_headings_markers_and_code_are_dropped(wrapped):
     assert clean_brief(wrapped) == PLAIN
