@@ -30,6 +30,7 @@ _KINDS = (
     ("chapter", re.compile(r'section titles for chapter "(.*?)"')),
     ("part", re.compile(r'chapter titles for part "(.*?)"')),
     ("section", re.compile(r'Write the section "(.*?)"')),
+    ("section", re.compile(r'^Explain "(.*?)"', re.MULTILINE)),  # the small profile's section request
     ("book", re.compile(r'planning a long book for this request: "(.*?)"')),
     # the book brief (--context outline, templates/prompts/brief*.j2): its title is the request's text
     ("brief", re.compile(r'book brief for a long book being written for this request: "(.*?)"')),

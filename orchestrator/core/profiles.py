@@ -45,7 +45,9 @@ class Profile:
     # chapters, and its take keeps them; a small model repeats the same few titles at every level).
     distinct_outline: bool = False
     section_template: str = "section"  # templates/prompts/<name>.j2
-    brief_template: str = "brief"  # the book brief's request (``--context outline``), templates/prompts/<name>.j2
+    # The book brief's request (``--context outline``), templates/prompts/<name>.j2; None: no brief is asked (a model
+    # that copies it into its sections instead of following it: the "small" profile's, measured in its comment).
+    brief_template: str | None = "brief"
     # How many unusable planning replies a node may re-ask before its next reply is taken as well as it can be
     # (None: as many as the job's attempts). Bounds planning cost on a model that rarely gets a list right.
     plan_reasks: int | None = None
@@ -87,7 +89,12 @@ PROFILES: dict[str, Profile] = {
         plan_extra=2,
         distinct_outline=True,
         section_template="section_small",
-        brief_template="brief_small",
+        # No brief: SmolLM2-135M writes one as a fictional blurb (invented authors, "translated into 250
+        # languages") and then copies its sentences into section after section, which runs them to the token cap
+        # (benchmarks/context_quality.py, 2 x 3 x 4 on the embedded engine: with the brief 763 tokens a section, 13
+        # of 16 cut at the cap, a third longer whole job per section; with the titles alone 257-279 tokens, 3 of
+        # 21-22 cut). Its section requests carry the chapter's titles (and a brief a person wrote in outline.md).
+        brief_template=None,
         plan_reasks=1,
     ),
 }

@@ -65,5 +65,5 @@ def check_templates(settings: Settings, profile: Profile) -> None:
     before planning, not after requests were spent."""
     ref = SectionRef("1.1.1", "", "", "", "")
     section_text(ref, settings, profile, 1)
-    if settings.context == "outline":
+    if settings.context == "outline" and profile.brief_template is not None:
         render(profile.brief_template, settings.templates, request="", words=1, book_phrase="")

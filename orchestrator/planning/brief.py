@@ -114,6 +114,7 @@ class _BriefRequest:
 
     def build(self, client: BackendClient, attempt: int) -> dict[str, Any]:
         p = self.profile
+        assert p.brief_template is not None  # the planner asks no brief of a profile without one
         text = render(p.brief_template, self.templates, request=self.prompt, words=BRIEF_WORDS,
                       book_phrase=book_phrase(book_title_from_prompt(self.prompt)))
         return client.body(

@@ -209,7 +209,7 @@ class _PlanRun:
         so nothing waits on a brief that is not coming."""
         pl = self.planner
         try:
-            if self.whole_lists:
+            if self.whole_lists and pl.profile.brief_template is not None:
                 pl.brief = await ask_brief(pl.d, pl.profile, pl.prompt, pl.templates)
         finally:
             pl.brief_ready.set()

@@ -127,3 +127,21 @@ def test_an_edited_brief_redoes_the_sections_and_an_unedited_rerun_asks_nothing(
         redone = srv.requests[before:]
         assert sorted(r.title for r in redone) == sorted(t for ts in CHAPTERS.values() for t in ts)
         assert all("This book is for auditors" in _user(r) for r in redone)
+
+
+def test_the_small_profile_asks_no_brief_and_sends_the_chapters_titles(tmp_path):
+    # A 135M model copies a brief into its sections instead of following it (core/profiles.py): no brief is asked,
+    # and its section requests name the chapter's sections, the section's own line last.
+    out = tmp_path / "o"
+    with ScriptedServer(book_answer) as srv:
+        run = _run(job_cmd("A test book", [], out, *SHAPE, "--profile", "small", "--planning", "json"), srv)
+        assert run.returncode == 0, run.stderr
+        assert not srv.of("brief")
+        sections = srv.of("section")
+    assert len(sections) == 8
+    for r in sections:
+        text = _user(r)
+        assert "has these sections: Basics 1; Basics 2; Basics 3; Basics 4." in text or \
+            "has these sections: Practice 1; Practice 2; Practice 3; Practice 4." in text
+        assert text.rstrip().endswith("Do not explain the other sections.")
+    assert "brief" not in json.loads((out / "outline.json").read_text())
