@@ -52,6 +52,9 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=2.0)
     ap.add_argument("--quick", action="store_true", help="skip the one-after-another run")
     ap.add_argument("--books-in-flight", type=int, help="default: the library's own choice")
+    ap.add_argument("--context", choices=("outline", "none"), default="outline",
+                    help="what each section request carries (default outline, the job's default; none: the titles "
+                    "alone, as the bench level's short prompts)")
     a = ap.parse_args()
     shape = tuple(int(x) for x in a.shape.lower().split("x"))
     assert len(shape) == 3
@@ -67,7 +70,7 @@ def main() -> None:
         print(f"[bench level: {a.cap} streams per card on {a.cards} cards: {sustained:,.0f} tok/s sustained "
               "(model)]", file=sys.stderr, flush=True)
         settings = Settings(cap=a.cap, words=a.words, max_tokens=a.max_tokens, formats=("md",),
-                            stream_sections="auto")
+                            stream_sections="auto", context=a.context)
         file = books_file(Path(tmp) / "library.jsonl", a.books, shape)  # type: ignore[arg-type]
 
         t0, tok0 = time.monotonic(), server_tokens(fleet)
@@ -84,7 +87,7 @@ def main() -> None:
                 nonlocal sections, failed
                 for i in range(a.books):
                     book = Settings(cap=a.cap, words=a.words, max_tokens=a.max_tokens, formats=("md",),
-                                    parts=shape[0], chapters=shape[1], sections=shape[2])
+                                    parts=shape[0], chapters=shape[1], sections=shape[2], context=a.context)
                     r = await agenerate(f"A handbook of subject number {i}", fleet.urls, book,
                                         Path(tmp) / "one" / str(i))
                     sections += r.stats["sections"]
@@ -94,7 +97,8 @@ def main() -> None:
             rows.append(("one after another", time.monotonic() - t0, server_tokens(fleet) - tok0, sections, 1,
                          failed))
         late = max(s["late_s"] for s in fleet.all_stats()) / ts
-    print(f"\n{a.books} books of {a.shape} on {a.cards} simulated cards at cap {a.cap}; bench level sustained "
+    print(f"\n{a.books} books of {a.shape} (--context {a.context}) on {a.cards} simulated cards at cap {a.cap}; "
+          "bench level sustained "
           f"{sustained:,.0f} tok/s (model); time-scale {ts:g}, sim late {late:.2f} model s\n")
     head = ("run", "books in flight", "sections", "failed books", "whole job s", "server tokens", "tok/s",
             "of bench level")

@@ -165,6 +165,9 @@ def run_once(cards: int, pipeline: bool, time_scale: float, out: str, shape: dic
         "truncated_sections": st["truncated_sections"],
         "request_errors": st["request_errors"],
         "planning_requests": st["planning_requests"],
+        # the reference's defects, counted its way: 46 repeated section titles, 113 blocks (7%) unterminated
+        "duplicate_section_titles": (result.defects or {}).get("duplicate_section_titles", {}).get("count"),
+        "unterminated_blocks": (result.defects or {}).get("unterminated_blocks", {}).get("count"),
         # why attempts failed, by kind: a failure here on the fault-free simulator is a finding, not noise
         "errors_by_reason": dict(Counter(f"{ev.kind}: {ev.error.split(':')[0]}" for ev in rec.failed)),
         "efficiency": st["tokens_written"] / cap / whole if whole else 0.0,
@@ -255,6 +258,8 @@ def print_table(rows: list[dict]) -> None:
     print(f"Efficiency (capacity = cards x {capacity_tok_s(1):,.1f} tok/s at {CAP} streams)")
     _table(cols2, rows)
     for r in rows:
+        print(f"{r['mode']}: defects: {r['duplicate_section_titles']} repeated section titles, "
+              f"{r['unterminated_blocks']} unterminated blocks (the reference: 46 and 113)")
         print(f"{r['mode']}: power {r['power_coverage']}: {r['energy_j']:,.0f} J over the writing, "
               f"{r['power_w']:,.0f} W mean (model terms, all cards), {r['tokens_per_joule']:.2f} tokens per joule")
         for line in readers_lines(r):
