@@ -45,6 +45,7 @@ WRONG = [
     ("context", 3, "str"),
     ("distinct_titles", "no", "bool"),
     ("repairs", 1, "bool"),
+    ("affinity", "off", "bool"),
     ("parts", 2.5, "int"),
     ("parts", 3.0, "int"),
     ("parts", "8", "int"),
@@ -223,7 +224,7 @@ VALID: dict[str, typing.Any] = {
     "frequency_penalty": -0.5, "system": "Be brief.", "planning": "list", "finish_truncated": True, "pages": 40,
     "minutes": 2, "ladder": "/tmp/ladder.json", "forecast": True, "timeline": True, "typeset_while_writing": False,
     "stream_sections": "never", "context": "outline", "distinct_titles": False,
-    "repairs": True,
+    "repairs": True, "affinity": False,
 }
 
 

@@ -220,7 +220,7 @@ def _small_model_answer(req: Request) -> Answer:
         return Answer("\n".join(f"{i}. {t}" for i, t in enumerate(
             [parent, f"{parent} Basics", f"{parent} in Depth", f"{parent} Pitfalls", f"{parent} Tools",
              f"{parent} Cases"], 1)))
-    if req.kind == "other" and req.prompt.startswith("You are") and "Explain" in req.prompt:
+    if req.kind == "section" and req.prompt.startswith("You are"):  # the small profile's 'Explain "X"' request
         title = re.search(r'Explain "(.*?)"', req.prompt).group(1)
         if title.endswith("Pitfalls") and req.body.get("temperature", 0) < 0.5:
             return Answer(f"## {title}\n" + f"{title} is hard. It is very hard indeed.\n" * 30, finish_reason="length")
