@@ -17,6 +17,7 @@ from ..core.states import Missing
 from .checks import norm_title
 from .cutback import cut_back
 from .fences import close_open_fence
+from .salad import salad_at
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
 
@@ -139,7 +140,8 @@ def _section_body(s: SectionText) -> str:
     """A written section's text as book.md prints it under its ``####`` heading: cut back to its last complete
     sentence when the token cap stopped it (so the book never stops mid-word), its own headings demoted, a code
     fence left open closed. A section the model ended itself keeps every complete line, but loses a tail that is
-    no sentence (a run of hashtags, "[Insert Guide]", a bare link: what small models sign off with)."""
+    no sentence (a run of hashtags, "[Insert Guide]", a bare link: what small models sign off with). Word salad
+    (a small model's prose that stopped reading as language) is cut off with the sentence it starts in."""
     if s.finish_reason == "length":
         text = cut_back(s.text)
     else:
@@ -147,9 +149,25 @@ def _section_body(s: SectionText) -> str:
         # text that would lose more than half of itself (a reply that is all headings, say) is printed as written.
         cut = cut_back(s.text.rstrip() + "\n").rstrip("\n")
         text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
+    text = _before_salad(text)
     # cut_back closes what it keeps; this closes a text printed as written, and stays last because
     # demote_headings rejoins the lines it splits with str.splitlines (a U+2028 becomes a newline)
     return close_open_fence(demote_headings(text, drop_title=s.title))
+
+
+def _before_salad(text: str) -> str:
+    """``text`` cut back before its word salad (:func:`.salad.salad_at`: prose that stopped reading as language),
+    to the last complete sentence ahead of it; as it is when it has none (salad from its first words: printed as
+    written, and defects.json ``word_salad`` names it)."""
+    at = salad_at(text)
+    if at is None:
+        return text
+    cut = cut_back(text[:at]).rstrip()
+    # cut_back keeps a text with no complete sentence as it is: a fragment stopped mid-word is no cut
+    return cut if cut and cut[-1] in _ENDS else text
+
+
+_ENDS = frozenset(".!?…:\"'”’)]`*_|")  # what a cut_back text ends with after a sentence, item, row or block
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

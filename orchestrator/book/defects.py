@@ -31,6 +31,9 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
 - words: whitespace-separated tokens of every written section (code included), as ``Book.words`` counts.
 - repeated titles: titles of the whole outline (the book, parts, chapters and sections) equal after normalising,
   each with the paths that carry it ("" the book, "3" a part, "3.7" a chapter); ``count`` as for section titles.
+- word salad: written sections whose prose, as generated, stops reading as language (:func:`.salad.salad_at`: a run
+  of 60 words with under 12% function words, or a sentence of more than 90 words), with where it starts; ``cut``
+  counts those book.md prints cut back before it.
 - sibling overlap: each written section's share of distinct word 5-grams of its prose that another section of its
   chapter also holds (:mod:`.overlap`), summarised (mean, p90, max, sections): how much a chapter repeats itself.
 """
@@ -45,6 +48,7 @@ from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
 from .codecheck import check_code
 from .overlap import share_summary, sibling_share
+from .salad import salad_at
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -77,6 +81,7 @@ class Defects:
     words: dict[str, Any]
     repeated_titles: dict[str, Any]
     sibling_overlap: dict[str, Any]
+    word_salad: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +96,7 @@ class Defects:
             "words": self.words,
             "repeated_titles": self.repeated_titles,
             "sibling_overlap": self.sibling_overlap,
+            "word_salad": self.word_salad,
         }
 
     def to_markdown(self, worst: int = 10) -> str:
@@ -139,6 +145,7 @@ def find_defects(book: Book) -> Defects:
         },
         repeated_titles=_repeated_titles(book),
         sibling_overlap=_sibling_overlap(written),
+        word_salad=_word_salad(written),
     )
 
 
@@ -196,6 +203,18 @@ def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
         "printed": {"count": printed, "of": of, "share": _share(printed, of)},
         "sections": unterminated[:LIST_LIMIT],
     }
+
+
+def _word_salad(written: list[SectionText]) -> dict[str, Any]:
+    """Sections whose text, as generated, turns into word salad (:func:`.salad.salad_at`); ``cut``: those book.md
+    prints without it, cut back before it (the rest are salad from their first sentence, printed as written)."""
+    items = []
+    for s in written:
+        at = salad_at(s.text)
+        if at is not None:
+            items.append(_ref(s, words_before=count_words(s.text[:at]), salad=_first_line(s.text[at:], 80),
+                              cut=salad_at(section_body(s)) is None))
+    return _listing(items, cut=sum(1 for it in items if it["cut"]))
 
 
 def _looping(written: list[SectionText]) -> dict[str, Any]:
@@ -322,6 +341,8 @@ def _markdown(d: Defects, worst: int) -> str:
                                          f"({d.near_duplicate_sections.get('repaired', 0):,} sections rewritten "
                                          "to say something else)"),
         ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired"),
+        ("word salad (prose that stopped reading as language)",
+         f"{d.word_salad['count']:,} sections; {d.word_salad['cut']:,} printed cut back before it"),
         ("repeated titles (book, parts, chapters, sections)", f"{d.repeated_titles['count']:,}"),
         ("word 5-grams a section shares with its chapter", (f"mean {d.sibling_overlap['mean']:.1%}, p90 "
                                                             f"{d.sibling_overlap['p90']:.1%}, max "
@@ -355,6 +376,9 @@ def _markdown(d: Defects, worst: int) -> str:
     section_list("Unterminated blocks", u["sections"], u["count"],
                  lambda it: f"; ends {_quote(it['last_line'])}" + (" (truncated)" if it.get("truncated") else ""))
     section_list("Truncated sections", d.truncated_sections["sections"], d.truncated_sections["count"])
+    section_list("Word salad", d.word_salad["sections"], d.word_salad["count"],
+                 lambda it: f"; turns to salad after {it['words_before']:,} words at {_quote(it['salad'])}"
+                 + ("; printed cut back before it" if it["cut"] else "; printed as written"))
     if lp["sections"]:
         shown = lp["sections"][:worst]
         out.extend(["", "## Looping sections" + (f" (first {len(shown)} of {lp['count']:,})"

@@ -16,6 +16,7 @@ DESIGN_KEYS = {
     "duplicate_section_titles", "unterminated_blocks", "truncated_sections", "empty_sections", "failed_sections",
     "code_blocks", "near_duplicate_sections", "looping_sections", "words",
     "repeated_titles", "sibling_overlap",  # issue 28: titles of every level, and how much a chapter repeats itself
+    "word_salad",  # prose that stopped reading as language (book/salad.py)
 }
 
 _VOCAB = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "queue", "cache", "index", "schema", "retry", "token", "thread", "lock", "build", "test", "deploy"]

@@ -32,3 +32,18 @@ def test_a_node_left_short_never_takes_a_title_another_node_holds():
     # without a title to qualify them by, a taken title is left out: a shorter chapter, not a repeated title
     bare = parse_titles("1. Testing\n2. Deployment\n3. Observability", 3, False, strict=False, taken=taken)
     assert list(bare.items) == ["Observability"]
+
+
+def test_a_node_with_no_strong_title_takes_a_weak_one_that_repeats_nothing_before_a_copy():
+    # Seen on SmolLM2-135M: a chapter's last attempt offered only a copy of its own title and a cut-off near copy;
+    # the copy must not become a section title (the book would hold it twice) while the other is at hand.
+    part, chapter = "The River Nile: A Global Perspective", "The Nile: A Global Perspective on Sustainable Agriculture"
+    avoid = frozenset({norm(part), norm(chapter)})  # its ancestors: the cut-off title nearly copies the part's
+    taken = frozenset({*avoid, norm("The Nile: A Global Perspective on Climate Change")})
+    reply = f"1. {chapter}\n2. The Nile: A Global Perspective on Climate Change\n3. The Nile: A Global Perspective on"
+    got = parse_titles(reply, 4, False, avoid=avoid, strict=False, taken=taken, qualify=chapter)
+    assert list(got.items) == ["The Nile: A Global Perspective on"]
+    assert not {norm(t) for t in got.items} & taken
+    # with nothing but copies on offer the node still keeps a title rather than fail the book
+    only = parse_titles(f"1. {chapter}", 4, False, avoid=avoid, strict=False, taken=taken, qualify=chapter)
+    assert list(only.items) == [chapter]
