@@ -141,7 +141,8 @@ def test_the_small_profile_asks_no_brief_and_sends_the_chapters_titles(tmp_path)
     assert len(sections) == 8
     for r in sections:
         text = _user(r)
-        assert "has these sections: Basics 1; Basics 2; Basics 3; Basics 4." in text or \
-            "has these sections: Practice 1; Practice 2; Practice 3; Practice 4." in text
-        assert text.rstrip().endswith("Do not explain the other sections.")
+        assert "each written separately: Basics 1; Basics 2; Basics 3; Basics 4." in text or \
+            "each written separately: Practice 1; Practice 2; Practice 3; Practice 4." in text
+        assert text.rstrip().endswith(f'Explain "{r.title}" in about 250 words. Use short paragraphs and one '
+                                      "example. Keep to this one topic.")
     assert "brief" not in json.loads((out / "outline.json").read_text())
