@@ -31,9 +31,8 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
 - words: whitespace-separated tokens of every written section (code included), as ``Book.words`` counts.
 - repeated titles: titles of the whole outline (the book, parts, chapters and sections) equal after normalising,
   each with the paths that carry it ("" the book, "3" a part, "3.7" a chapter); ``count`` as for section titles.
-- word salad: written sections whose prose, as generated, stops reading as language (:func:`.salad.salad_at`: a run
-  of 60 words with under 12% function words, or a sentence of more than 90 words), with where it starts; ``cut``
-  counts those book.md prints cut back before it.
+- word salad: written sections whose prose, as generated, stops reading as language (:func:`.salad.salad_at`), with
+  where it starts; ``cut`` counts those book.md prints cut back before it.
 - sibling overlap: each written section's share of distinct word 5-grams of its prose that another section of its
   chapter also holds (:mod:`.overlap`), summarised (mean, p90, max, sections): how much a chapter repeats itself.
 """
@@ -48,7 +47,6 @@ from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
 from .codecheck import check_code
 from .overlap import share_summary, sibling_share
-from .salad import salad_at
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -210,10 +208,12 @@ def _word_salad(written: list[SectionText]) -> dict[str, Any]:
     prints without it, cut back before it (the rest are salad from their first sentence, printed as written)."""
     items = []
     for s in written:
-        at = salad_at(s.text)
+        at = s.salad
         if at is not None:
+            # printed without it: the first words of the salad's line, as written, are not in book.md's text
+            start = s.text[at:].split("\n", 1)[0][:40]
             items.append(_ref(s, words_before=count_words(s.text[:at]), salad=_first_line(s.text[at:], 80),
-                              cut=salad_at(section_body(s)) is None))
+                              cut=start not in section_body(s)))
     return _listing(items, cut=sum(1 for it in items if it["cut"]))
 
 

@@ -55,7 +55,15 @@ def test_code_lists_tables_and_headings_are_not_read_as_prose():
     listed = GOOD + "\n" + "\n".join(f"- {w.title()} Toolkit" for w in names.split()) + "\n\n" + GOOD
     table = GOOD + "\n| tool | kind |\n|---|---|\n" + "\n".join(f"| {w} | library |" for w in names.split()) + "\n"
     heads = GOOD + "\n" + "\n".join(f"## {w.title()} Module Overview" for w in names.split()[:30]) + "\n" + GOOD
-    for text in (fenced, listed, table, heads):
+    steps = GOOD + "\n" + "\n".join(f"Step {i}: {w} install configure verify." for i, w in enumerate(names.split()))
+    glossary = GOOD + "\n" + "\n".join(f"**{w}**: random unit reducing overfitting." for w in names.split()) + "\n"
+    refs = GOOD + "\n" + "\n".join(f"[{i}] Goodfellow, I., Bengio, Y. Deep Learning, MIT Press, 2016" for i in range(40))
+    nested = GOOD + "\n1. Install the tools:\n\n    ```bash\n" + "".join(f"    pip install {names}\n" for _ in range(3)) \
+        + "    ```\n\n2. Run the checks.\n\n" + GOOD
+    french = ("Le bassin d'un fleuve est la terre qui s'y écoule, et la pluie qui tombe dans le bassin rejoint le fleuve "
+              "par les ruisseaux, le sol ou les nappes: c'est pourquoi un fleuve porte l'histoire de tout son bassin, le "
+              "sel de ses champs, le limon de ses collines et les déchets de ses villes. ") * 3
+    for text in (fenced, listed, table, heads, steps, glossary, refs, nested, GOOD + "\n\n" + french):
         assert salad_at(text) is None, text[:200]
     # fewer prose words than a window are never judged by the function-word share
     assert salad_at(" ".join(SALAD.split()[: WINDOW - 1]) + ".") is None
@@ -72,6 +80,8 @@ def test_book_md_prints_a_section_cut_back_before_its_salad_and_defects_name_it(
     assert salad_at(printed) is None
     whole = _section(THIN, "1.1.2")  # salad from its first word: nothing to cut back to
     assert section_body(whole).startswith(THIN[:60])
+    after_list = _section(GOOD + "\n- Load the data\n- Plot the results\n" + THIN, "1.1.4")  # no full stop before
+    assert section_body(after_list).endswith("- Plot the results") and "fishing" not in section_body(after_list)
     clean = _section(GOOD * 3, "1.1.3")
     assert section_body(clean) == (GOOD * 3).strip()
 
