@@ -15,7 +15,7 @@ from markdown_it import MarkdownIt
 from ..core.outline import Outline, SectionRef
 from ..core.states import Missing
 from .checks import norm_title
-from .cutback import cut_back
+from .cutback import complete_part, cut_back
 from .fences import close_open_fence
 from .salad import salad_at
 
@@ -69,6 +69,13 @@ class SectionText:
         """:func:`.salad.salad_at` of ``text``, computed once (with :attr:`body`, as the section lands): where its
         word salad starts, None when it has none."""
         return salad_at(self.text)
+
+    @cached_property
+    def salad_cut(self) -> str | None:
+        """``text`` cut back before its word salad, to the last complete sentence, list item, table row or code block
+        ahead of it (:func:`.cutback.complete_part`); None when it has no salad, or none of those before it (salad
+        from its first sentence: printed as written, and defects.json ``word_salad`` names it)."""
+        return None if self.salad is None else complete_part(self.text[: self.salad])
 
     @cached_property
     def shingles(self) -> array[int]:
@@ -148,9 +155,8 @@ def _section_body(s: SectionText) -> str:
     fence left open closed. A section the model ended itself keeps every complete line, but loses a tail that is
     no sentence (a run of hashtags, "[Insert Guide]", a bare link: what small models sign off with). Word salad
     (a small model's prose that stopped reading as language) is cut off with the sentence it starts in."""
-    salad_cut = None if s.salad is None else _before_salad(s.text, s.salad)
-    if salad_cut is not None:  # ends complete: cut back to a sentence, an item, a row or a block
-        text = salad_cut
+    if s.salad_cut is not None:
+        text = s.salad_cut
     elif s.finish_reason == "length":
         text = cut_back(s.text)
     else:
@@ -161,21 +167,6 @@ def _section_body(s: SectionText) -> str:
     # cut_back closes what it keeps; this closes a text printed as written, and stays last because
     # demote_headings rejoins the lines it splits with str.splitlines (a U+2028 becomes a newline)
     return close_open_fence(demote_headings(text, drop_title=s.title))
-
-
-def _before_salad(text: str, at: int) -> str | None:
-    """``text`` cut back before its word salad, which starts at ``at`` (:func:`.salad.salad_at`: prose that stopped
-    reading as language), to the last complete sentence, list item, table row or code block ahead of it; None when
-    there is none (salad from its first sentence: printed as written, and defects.json ``word_salad`` names it)."""
-    cut = cut_back(text[:at]).rstrip()
-    # cut_back keeps a text with nothing complete in it as it is: a fragment stopped mid-sentence is no cut. What it
-    # cut to ends in a sentence's end, or its last line is a list item, a table row or a closing fence.
-    last = cut.rsplit("\n", 1)[-1]
-    return cut if cut and (cut[-1] in _ENDS or _COMPLETE_LINE.match(last) is not None) else None
-
-
-_ENDS = frozenset(".!?…:\"'”’)]")  # the end of a sentence (closing quotes and brackets after it)
-_COMPLETE_LINE = re.compile(r"^\s*(?:[-*+•]\s|\d+[.)]\s|\||`{3,}|~{3,})")  # a list item, a table row, a fence
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

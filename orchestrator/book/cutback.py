@@ -11,7 +11,7 @@ import re
 
 from .fences import FENCE_OPEN, close_open_fence, closer
 
-__all__ = ["cut_back"]
+__all__ = ["complete_part", "cut_back"]
 
 # A sentence ends at . ! ? or … followed by closing quotes, brackets or emphasis, then a space or the line's end.
 _SENTENCE_END = re.compile(r"[.!?…][\"'”’»)\]*_`]*(?=\s|$)")
@@ -110,6 +110,13 @@ def cut_back(text: str) -> str:
     or block at all, the text is kept as it is (only its trailing headings dropped and an open fence closed):
     something is better than nothing.
     """
+    cut = complete_part(text)
+    return cut if cut is not None else close_open_fence(_drop_trailing_headings(text) or text.rstrip())
+
+
+def complete_part(text: str) -> str | None:
+    """What :func:`cut_back` keeps of ``text`` when it holds a complete sentence, list item, table row or code
+    block; None when it holds none (where cut_back keeps the text as it is)."""
     lines = text.split("\n")
     complete_upto = len(lines) if text.endswith("\n") else len(lines) - 1  # lines[i] complete iff i < complete_upto
     starts = [0]
@@ -143,7 +150,7 @@ def cut_back(text: str) -> str:
             last += first
             best, closing = starts[last] + len(lines[last].rstrip()), "\n" + indent + mark
     if best is None:
-        return close_open_fence(_drop_trailing_headings(text) or text.rstrip())
+        return None
     cut = text[:best] + closing
     return _drop_trailing_headings(cut) or cut.rstrip()
 

@@ -210,10 +210,8 @@ def _word_salad(written: list[SectionText]) -> dict[str, Any]:
     for s in written:
         at = s.salad
         if at is not None:
-            # printed without it: the first words of the salad's line, as written, are not in book.md's text
-            start = s.text[at:].split("\n", 1)[0][:40]
             items.append(_ref(s, words_before=count_words(s.text[:at]), salad=_first_line(s.text[at:], 80),
-                              cut=start not in section_body(s)))
+                              cut=s.salad_cut is not None))
     return _listing(items, cut=sum(1 for it in items if it["cut"]))
 
 
