@@ -342,12 +342,12 @@ def _salvage(
     if qualify and len(out) < n:
         again = [qualified(x, qualify) for x in candidates if norm(x) in taken and not weak_title(x, avoid)]
         _fill(out, seen, again, avoid, n, taken)
-    if len(out) == len(fixed) and qualify:
-        # No strong title at all, and the book's titles must be distinct: a weak one (a near copy, debris) that
-        # repeats no title of the book (its ancestors' in ``avoid``, another node's in ``taken``) comes first.
-        fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
-        _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
-    if len(out) == len(fixed):  # a repeat only where nothing else was offered: a node with no title loses the book
+    if len(out) == len(fixed):  # no strong title at all: weak ones rather than lose the node's part of the book
+        if qualify:
+            # the book's titles must be distinct: weak ones (a near copy, debris) that repeat no title of the book
+            # (its ancestors' in ``avoid``, another node's in ``taken``) come first, then the rest as before
+            fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
+            _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
         _fill(out, seen, candidates, avoid, n, taken, allow_weak=True)
     return out
 

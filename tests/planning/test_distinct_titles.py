@@ -42,8 +42,9 @@ def test_a_node_with_no_strong_title_takes_a_weak_one_that_repeats_nothing_befor
     taken = frozenset({*avoid, norm("The Nile: A Global Perspective on Climate Change")})
     reply = f"1. {chapter}\n2. The Nile: A Global Perspective on Climate Change\n3. The Nile: A Global Perspective on"
     got = parse_titles(reply, 4, False, avoid=avoid, strict=False, taken=taken, qualify=chapter)
-    assert list(got.items) == ["The Nile: A Global Perspective on"]
-    assert not {norm(t) for t in got.items} & taken
+    # the one that repeats nothing first; the copies still fill the node up to what it was offered (a chapter keeps
+    # its sections: the real engine's 2 x 2 x 3 book must have 12)
+    assert got.items[0] == "The Nile: A Global Perspective on" and len(got.items) == 3
     # with nothing but copies on offer the node still keeps a title rather than fail the book
     only = parse_titles(f"1. {chapter}", 4, False, avoid=avoid, strict=False, taken=taken, qualify=chapter)
     assert list(only.items) == [chapter]
