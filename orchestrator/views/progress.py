@@ -43,7 +43,7 @@ from ..core.events import (
 )
 from .eta import Eta
 from .jobstate import JobState, short_url
-from .words import LEVEL_NAMES, closing_words, duration, eta_words, num, pdf_words, secs
+from .words import LEVEL_NAMES, closing_words, duration, eta_words, num, pdf_words, rate_num, secs
 
 __all__ = ["TerminalProgress"]
 
@@ -199,8 +199,8 @@ class TerminalProgress:
                 label = s.rate_label
                 partial = "" if label == "server-counted" else f" {label}"  # a fleet-wide rate needs no label
                 each = s.per_reader
-                reader = "" if each is None else f", each reader {each:,.1f} tok/s"
-                parts.append(f"rate {num(s.rate)} tok/s (so far {num(s.rate_so_far)}{reader}){partial}")
+                reader = "" if each is None else f", each reader {rate_num(each)} tok/s"
+                parts.append(f"rate {rate_num(s.rate)} tok/s (so far {num(s.rate_so_far)}{reader}){partial}")
             flights = " ".join(
                 f"{short_url(u)}={s.inflight.get(u, 0)}" + ("" if s.health.get(u, (True, ""))[0] else "(down)")
                 for u in s.backends
@@ -288,14 +288,14 @@ def _rate_text(s: JobState) -> Text:
     elif s.rate is None and s.first_sample is None:
         rate.append("servers expose no token counter", style="dim")
     else:
-        rate.append(f"{num(s.rate)} tok/s", style="bold magenta")
+        rate.append(f"{rate_num(s.rate)} tok/s", style="bold magenta")
         rate.append(" last second · ")
         rate.append(f"{num(s.rate_so_far)} tok/s", style="magenta")
         rate.append(f" so far ({s.rate_label})")
         each = s.per_reader
         if each is not None:  # the reference's "thirteen for each reader": the rate over the streams it is shared by
             rate.append(" · each reader ")
-            rate.append(f"{each:,.1f} tok/s", style="magenta")
+            rate.append(f"{rate_num(each)} tok/s", style="magenta")
     return rate
 
 

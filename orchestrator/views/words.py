@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .eta import Eta
 
-__all__ = ["LEVEL_NAMES", "closing_words", "duration", "eta_words", "figure", "num", "pdf_words", "secs"]
+__all__ = ["LEVEL_NAMES", "closing_words", "duration", "eta_words", "figure", "num", "pdf_words", "rate_num", "secs"]
 
 LEVEL_NAMES = {1: "parts", 2: "chapters", 3: "sections"}
 
@@ -14,6 +14,15 @@ def num(x: float | None, unit: str = "") -> str:
     if x is None:
         return "-"
     return f"{x:,.0f}{unit}"
+
+
+def rate_num(x: float | None) -> str:
+    """A rate in tokens per second, as both the fleet's rate and each reader's share of it are shown: tenths below
+    100, whole above. One rounding for both keeps their order on screen (a reader's share is at most the rate, and
+    a whole-number rate beside a one-decimal share read "188" against "188.2" for one stream)."""
+    if x is None:
+        return "-"
+    return f"{x:,.1f}" if x < 99.95 else f"{x:,.0f}"
 
 
 def duration(s: float) -> str:

@@ -28,6 +28,7 @@ from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.core.reply import Reply
 from orchestrator.views.jobstate import JobState, short_url
 from orchestrator.views.progress import TerminalProgress
+from orchestrator.views.words import rate_num
 
 A = "http://gpu1:8000/v1"
 B = "http://gpu2:8001/v1"
@@ -116,7 +117,7 @@ def test_plain_lines_off_a_terminal():
     assert len(periodic) >= 2, text  # the timer printed at least once, stop() printed the last one
     last = periodic[0]  # printed while the job ran (the closing one, after JobFinished, has nothing in flight)
     assert "tokens 330" in last
-    assert "rate 1,500 tok/s (so far 1,500, each reader 750.0 tok/s)" in last
+    assert "rate 1,500 tok/s (so far 1,500, each reader 750 tok/s)" in last
     assert re.search(r"in flight 2 \[gpu1:8000=2 gpu2:8001=0\(down\)\]", last), last
     assert "retries 1" in last and "failed 1" in last
     assert "in flight 0 " in periodic[-1]
@@ -207,7 +208,7 @@ def test_a_rate_over_some_backends_is_labelled_as_such():
     progress(MetricsSample(2.0, 1600.0, 1000.0, partial))
     line = progress.plain_line()
     # each reader: the counted rate over the counted backend's streams only (B's 2 are not in its rate)
-    assert "rate 1,000 tok/s (so far 1,000, each reader 1,000.0 tok/s) server-counted (1 of 2 backends)" in line, line
+    assert "rate 1,000 tok/s (so far 1,000, each reader 1,000 tok/s) server-counted (1 of 2 backends)" in line, line
     snap = progress.state.snapshot()
     assert snap["rate_label"] == "server-counted (1 of 2 backends)"
     assert (snap["counted_backends"], snap["metered_backends"]) == (1, 2)
@@ -396,3 +397,25 @@ def test_a_job_with_a_pdf_closes_with_when_it_was_ready(pdf: bool):
     view = console.export_text()
     assert "took 2m36s" in view and "1,348 A5 pages typeset" in view  # the forecast's own closing figures stay
     assert (f"pdf       {PDF_LINE}" in view) if pdf else ("PDF ready" not in view), view
+
+
+def test_a_share_of_the_rate_never_reads_above_the_rate():
+    # One stream running: each reader gets the whole rate. Shown with one rounding for both, it can never read above
+    # the rate it is a share of (a whole-number rate beside a one-decimal share read "188" against "188.2").
+    for rate, streams in [(188.2, 1.0), (99.94, 1.0), (99.96, 1.0), (12.34, 1.0), (1880.4, 10.0), (250.0, 3.0)]:
+        progress = TerminalProgress(Console(file=StringIO(), force_terminal=False), plain_interval=60)
+        progress(JobStarted("p", (A,), {}, 0.0))
+        servers = {A: {"tokens": 1000.0 + rate, "running": streams, "waiting": 0.0}}
+        progress(MetricsSample(1.0, 1000.0, None, {A: {**servers[A], "tokens": 1000.0}}))
+        progress(MetricsSample(2.0, 1000.0 + rate, rate, servers))
+        shown = re.search(r"rate ([0-9,.]+) tok/s \(so far [0-9,.]+, each reader ([0-9,.]+) tok/s\)",
+                          progress.plain_line())
+        assert shown, progress.plain_line()
+        total, each = (float(g.replace(",", "")) for g in shown.groups())
+        assert 0 < each <= total
+        assert total == pytest.approx(rate, abs=0.5) and each == pytest.approx(rate / streams, abs=0.5)
+
+
+def test_rates_are_shown_in_tenths_below_a_hundred_and_whole_above():
+    assert [rate_num(x) for x in (None, 0.0, 12.34, 99.94, 99.96, 188.2, 16931.4)] == [
+        "-", "0.0", "12.3", "99.9", "100", "188", "16,931"]
