@@ -15,6 +15,7 @@ from markdown_it import MarkdownIt
 from ..core.outline import Outline, SectionRef
 from ..core.states import Missing
 from .checks import norm_title
+from .codecheck import mark_broken
 from .cutback import complete_part, cut_back
 from .fences import close_open_fence
 from .salad import salad_at
@@ -154,7 +155,8 @@ def _section_body(s: SectionText) -> str:
     sentence when the token cap stopped it (so the book never stops mid-word), its own headings demoted, a code
     fence left open closed. A section the model ended itself keeps every complete line, but loses a tail that is
     no sentence (a run of hashtags, "[Insert Guide]", a bare link: what small models sign off with). Word salad
-    (a small model's prose that stopped reading as language) is cut off with the sentence it starts in."""
+    (a small model's prose that stopped reading as language) is cut off with the sentence it starts in. A code block
+    that does not parse as printed (Python, JSON, TOML, YAML: :mod:`.codecheck`) gets a note under it saying so."""
     if s.salad_cut is not None:
         text = s.salad_cut
     elif s.finish_reason == "length":
@@ -166,7 +168,7 @@ def _section_body(s: SectionText) -> str:
         text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
     # cut_back closes what it keeps; this closes a text printed as written, and stays last because
     # demote_headings rejoins the lines it splits with str.splitlines (a U+2028 becomes a newline)
-    return close_open_fence(demote_headings(text, drop_title=s.title))
+    return mark_broken(close_open_fence(demote_headings(text, drop_title=s.title)))
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

@@ -25,7 +25,9 @@ counted from 1 over the section's text, ``text.split("\\n")``.
   ``broken`` (an unclosed fence is reported by ``defects`` as such).
 
 ``checked`` counts the closed blocks with a parser at hand; ``broken`` those of them that do not parse, each with a
-:class:`BlockError`; :func:`repair_note` turns the errors into the paragraph of a re-ask.
+:class:`BlockError`; :func:`repair_note` turns the errors into the paragraph of a re-ask, and :func:`mark_broken`
+puts a note under each such block of the text book.md prints (a block still broken after its re-ask, or never
+re-asked, is never printed as if it were good code).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import yaml
 
 from .fences import fenced_blocks
 
-__all__ = ["BlockError", "CodeReport", "LanguageCounts", "check_code", "language_of", "repair_note"]
+__all__ = ["BlockError", "CodeReport", "LanguageCounts", "check_code", "language_of", "mark_broken", "repair_note"]
 
 # tag -> the language it counts under; the languages with a parser are in _PARSERS
 _CANONICAL = {
@@ -172,6 +174,34 @@ def repair_note(errors: Sequence[BlockError]) -> str:
         listed = ", ".join(names[:-1]) + " and " + names[-1]
         parts.append(f"Rewrite the section so that every {listed} block is valid in its language.")
     return " ".join(parts)
+
+
+def mark_broken(text: str) -> str:
+    """``text`` with a one-line note under each closed block that does not parse, as book.md prints it: a block
+    quote naming the language, the line within the block and the parser's message (``> **Note:** the Python above
+    does not parse (line 3: SyntaxError: invalid syntax).``), indented like the block's fence so that a block in a list
+    item keeps its note inside the item. ``text`` itself when every checked block parses. Pure."""
+    report = check_code(text)
+    if report.ok:
+        return text
+    ends = {b.line: (b.end, b.indent) for b in fenced_blocks(text)}
+    lines = text.split("\n")
+    for e in sorted(report.errors, key=lambda e: e.block_line, reverse=True):
+        end, indent = ends[e.block_line]
+        where = f"line {e.line - e.block_line}: " if e.line > e.block_line else ""
+        note = f"{' ' * indent}> **Note:** the {_name(e.language)} above does not parse ({where}{_escaped(e.message)})."
+        after = [""] if end < len(lines) and lines[end].strip() else []  # a blank line ends the quote
+        lines[end:end] = ["", note, *after]
+    return "\n".join(lines)
+
+
+# Markdown's inline punctuation in a parser's message ("'(' was never closed", "expected '<document start>'"): shown
+# as written, never read as emphasis, code or a link
+_INLINE = re.compile(r"([\\`*_\[\]<>])")
+
+
+def _escaped(message: str) -> str:
+    return _INLINE.sub(r"\\\1", message.rstrip(".")).replace("\n", " ")
 
 
 def _name(language: str) -> str:

@@ -64,3 +64,13 @@ def test_a_section_stopped_by_the_cap_is_cut_back_in_the_book():
     assert section_body(headings_only).count("2023") == 10  # would lose everything: printed as written
     assert [s.text for s in assemble(outline, sections).sections][:2] == [capped, in_code]  # raw text kept
     assert section_body(sections["1.1.1"]) == "It works."
+
+
+def test_code_that_does_not_parse_is_printed_with_a_note_and_good_code_without():
+    broken = SectionText("1.1.1", "P", "C", "S", "Try this:\n\n```python\nfor x in range(3)\n    print(x)\n```\n\nDone.")
+    good = dataclasses.replace(broken, text="Try this:\n\n```python\nfor x in range(3):\n    print(x)\n```\n\nDone.")
+    assert "> **Note:** the Python above does not parse (line 1: SyntaxError" in section_body(broken)
+    assert "Note:" not in section_body(good)
+    book = assemble(Outline("B", (Part("P", (Chapter("C", ("S",)),)),)), {"1.1.1": broken})
+    assert book.markdown.count("> **Note:** the Python above does not parse") == 1
+    assert book.sections[0].text == broken.text  # the text as generated (what defects count) is untouched

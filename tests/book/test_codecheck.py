@@ -6,7 +6,15 @@ import warnings
 
 import pytest
 
-from orchestrator.book.codecheck import BlockError, CodeReport, LanguageCounts, check_code, language_of, repair_note
+from orchestrator.book.codecheck import (
+    BlockError,
+    CodeReport,
+    LanguageCounts,
+    check_code,
+    language_of,
+    mark_broken,
+    repair_note,
+)
 from orchestrator.book.fences import FencedBlock, fenced_blocks, fenced_code
 
 
@@ -249,3 +257,41 @@ def test_repair_note_spells_out_three_errors_and_counts_the_rest():
 def test_repair_note_does_not_double_a_messages_own_stop():
     note = repair_note([BlockError("python", 3, "SyntaxError: invalid syntax. Perhaps you forgot a comma?", 2)])
     assert "comma? Rewrite" in note and "?." not in note
+
+
+def test_mark_broken_puts_a_note_under_each_block_that_does_not_parse_and_nothing_else():
+    text = _section(("python", "x = 1\ndef f(:\n    pass"), ("json", '{"a": 1}'), ("yaml", "a: [1, 2"))
+    marked = mark_broken(text)
+    notes = [line for line in marked.split("\n") if line.startswith("> **Note:**")]
+    assert len(notes) == 2 and "the Python above does not parse (line 2: SyntaxError" in notes[0]
+    assert notes[1].startswith("> **Note:** the YAML above does not parse (line 1: ")
+    # each note follows its block's closing fence, set off by blank lines; the text is otherwise unchanged
+    lines = marked.split("\n")
+    for i in (i for i, line in enumerate(lines) if line.startswith("> **Note:**")):
+        assert lines[i - 2] == "```" and lines[i - 1] == "" and lines[i + 1] == ""
+    assert [line for line in lines if not line.startswith("> **Note:**") and line] == [
+        line for line in text.split("\n") if line]
+    assert len(check_code(marked).errors) == 2  # a note is prose: marking adds no block
+
+
+def test_mark_broken_leaves_good_code_cut_code_and_unchecked_languages_alone():
+    for text in (_section(("python", "x = 1"), ("toml", 'a = "b"')), _section(("bash", "if then fi"), ("", "{{")),
+                 "Prose.\n\n```python\ndef f(:"):  # the last: a block never closed is cut, not broken
+        assert mark_broken(text) is text
+
+
+def test_mark_broken_keeps_a_note_inside_its_list_item_and_escapes_the_message():
+    text = "1. Step one:\n   ```python\n   print('(' \n   ```\n2. Step two."
+    marked = mark_broken(text)
+    assert "   > **Note:** the Python above does not parse (line 1: SyntaxError: '(' was never closed)." in marked
+    assert marked.endswith("\n\n2. Step two.")
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").render(mark_broken("```json\n{\"a\": 1,}\n```"))
+    assert "<blockquote>" in html and "<li>" not in html
+    item = MarkdownIt("commonmark").render(marked)
+    assert item.index("<blockquote>") < item.index("</li>")  # the note is inside step one
+    # a parser's message is shown as written: "<block end>" and "alias_x" are neither HTML nor emphasis
+    for code, words in (("a: 1\n- b", "expected &lt;block end&gt;"), ("key: *alias_x_y_", "alias 'alias_x_y_'")):
+        shown = MarkdownIt("commonmark").render(mark_broken(f"```yaml\n{code}\n```"))
+        assert words in shown and "<em>" not in shown, shown

@@ -59,6 +59,9 @@ def test_broken_code_and_a_near_duplicate_are_asked_again_once_and_a_rerun_repea
     book = sections_of((out / "book.md").read_text())
     assert "def f(x):" in book["Basics 1"] and "def f(:" not in book["Basics 1"]
     assert "def f(:" in book["Basics 2"]
+    # still broken after its re-ask: printed with a note saying so; the repaired one without
+    assert "> **Note:** the Python above does not parse (line 1: SyntaxError" in book["Basics 2"]
+    assert "Note:" not in book["Basics 1"]
     assert "Caching keeps" in book["Practice 1"] and "Caching keeps" not in book["Practice 2"]
     stats = json.loads((out / "stats.json").read_text())  # the rerun's: it asked nothing
     assert stats["requests"] == 0 and stats["reask_requests"] == 0
