@@ -17,7 +17,7 @@ from ..core.states import Missing
 from .checks import norm_title
 from .codecheck import mark_broken
 from .cutback import complete_part, cut_back
-from .fences import close_open_fence
+from .fences import close_open_fence, fenced_blocks
 from .salad import salad_at
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
@@ -122,7 +122,10 @@ def demote_headings(text: str, below: int = 4, drop_title: str | None = None) ->
     Headings are found with markdown-it, so '#' lines inside code fences stay untouched; setext headings become
     ATX. A first heading that merely repeats the section title (``drop_title``) is removed.
     """
-    lines = text.splitlines()
+    # Lines as markdown-it counts them (its token maps): CR and CRLF endings read as LF, and nothing else breaks a line
+    # (str.splitlines would also split at U+2028, a form feed and the like, shifting every map after one)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
     tokens = _md.parse(text)
     edits: list[tuple[int, int, str | None]] = []
     first_block = True
@@ -166,9 +169,10 @@ def _section_body(s: SectionText) -> str:
         # text that would lose more than half of itself (a reply that is all headings, say) is printed as written.
         cut = cut_back(s.text.rstrip() + "\n").rstrip("\n")
         text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
-    # cut_back closes what it keeps; this closes a text printed as written, and stays last because
-    # demote_headings rejoins the lines it splits with str.splitlines (a U+2028 becomes a newline)
-    return mark_broken(close_open_fence(demote_headings(text, drop_title=s.title)))
+    # cut_back closes what it keeps; close_open_fence closes a text printed as written. A block the model never
+    # closed is cut code, not broken code (codecheck's rule), whichever closed it for printing: it gets no note.
+    closed = sum(b.closed for b in fenced_blocks(s.text))  # cut_back may close a block the model left open
+    return close_open_fence(mark_broken(demote_headings(text, drop_title=s.title), closed))
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

@@ -176,25 +176,35 @@ def repair_note(errors: Sequence[BlockError]) -> str:
     return " ".join(parts)
 
 
-def mark_broken(text: str) -> str:
+def mark_broken(text: str, closed: int | None = None) -> str:
     """``text`` with a one-line note under each closed block that does not parse, as book.md prints it: a block
     quote naming the language, the line within the block and the parser's message (``> **Note:** the Python above
     does not parse (line 3: SyntaxError: invalid syntax).``), indented like the block's fence so that a block in a list
-    item keeps its note inside the item. ``text`` itself when every checked block parses. Pure."""
+    item keeps its note inside the item. ``text`` itself when every checked block parses. Pure.
+
+    ``closed``: how many blocks the model closed in the text as generated, when ``text`` is that text cut back and
+    closed for printing (blocks keep their order, and only the last can be open): a later block is cut code, not
+    broken code (:func:`check_code`'s rule), and gets no note. None: every closed block of ``text`` is checked."""
     report = check_code(text)
     if report.ok:
         return text
-    ends = {b.line: (b.end, b.indent) for b in fenced_blocks(text)}
+    blocks = fenced_blocks(text)
+    ends = {b.line: (i, b.end, b.indent) for i, b in enumerate(blocks)}
     lines = text.split("\n")
     for e in sorted(report.errors, key=lambda e: e.block_line, reverse=True):
-        end, indent = ends[e.block_line]
+        i, end, indent = ends[e.block_line]
+        if closed is not None and i >= closed:
+            continue
         where = f"line {e.line - e.block_line}: " if e.line > e.block_line else ""
         note = f"{' ' * indent}> **Note:** the {_name(e.language)} above does not parse ({where}{_escaped(e.message)})."
-        after = [""] if end < len(lines) and lines[end].strip() else []  # a blank line ends the quote
-        lines[end:end] = ["", note, *after]
+        # A block quote may follow a closing fence directly, and a list item ends it: no blank line there, which
+        # would make a tight list loose; before a paragraph line one ends the quote (else the line joins it).
+        after = [""] if end < len(lines) and lines[end].strip() and not _LIST_ITEM.match(lines[end]) else []
+        lines[end:end] = [note, *after]
     return "\n".join(lines)
 
 
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,9}[.)])(?:\s|$)")  # a line that starts a list item
 # Markdown's inline punctuation in a parser's message ("'(' was never closed", "expected '<document start>'"): shown
 # as written, never read as emphasis, code or a link
 _INLINE = re.compile(r"([\\`*_\[\]<>])")

@@ -74,3 +74,24 @@ def test_code_that_does_not_parse_is_printed_with_a_note_and_good_code_without()
     book = assemble(Outline("B", (Part("P", (Chapter("C", ("S",)),)),)), {"1.1.1": broken})
     assert book.markdown.count("> **Note:** the Python above does not parse") == 1
     assert book.sections[0].text == broken.text  # the text as generated (what defects count) is untouched
+
+
+def test_code_the_model_never_closed_is_cut_code_and_gets_no_note():
+    open_block = SectionText("1.1.1", "P", "C", "S", "Here is code:\n\n```python\ndef f(x):\n    return [x,\n",
+                             finish_reason="stop")
+    capped = dataclasses.replace(open_block, text='Data:\n\n```json\n{"a": [1, 2],\n "b": 3\n',
+                                 finish_reason="length")
+    for s in (open_block, capped):  # kept and closed for printing, by cut_back: not blamed for the cut
+        body = section_body(s)
+        assert body.endswith("```") and "Note:" not in body, body
+    both = dataclasses.replace(open_block, text="```python\ndef f(:\n```\n\nThen:\n\n```python\ndef g(x):\n    [x,\n")
+    assert section_body(both).count("Note:") == 1  # the closed broken block is noted, the cut one is not
+
+
+def test_a_line_separator_inside_a_line_is_no_line_break_for_the_headings():
+    # markdown-it breaks lines at "\n" only; str.splitlines also at U+2028, which shifted every heading after one
+    text = "Intro with a\u2028separator.\n\n## Step\n\n```python\nSEP = 'a\u2028b'\n```\n\nEnd."
+    out = demote_headings(text)
+    assert out == text.replace("## Step", "###### Step")
+    body = section_body(SectionText("1.1.1", "P", "C", "S", text))
+    assert "SEP = 'a\u2028b'" in body and "Note:" not in body

@@ -265,10 +265,10 @@ def test_mark_broken_puts_a_note_under_each_block_that_does_not_parse_and_nothin
     notes = [line for line in marked.split("\n") if line.startswith("> **Note:**")]
     assert len(notes) == 2 and "the Python above does not parse (line 2: SyntaxError" in notes[0]
     assert notes[1].startswith("> **Note:** the YAML above does not parse (line 1: ")
-    # each note follows its block's closing fence, set off by blank lines; the text is otherwise unchanged
+    # each note follows its block's closing fence, a blank line after it (the prose line would join the quote)
     lines = marked.split("\n")
     for i in (i for i, line in enumerate(lines) if line.startswith("> **Note:**")):
-        assert lines[i - 2] == "```" and lines[i - 1] == "" and lines[i + 1] == ""
+        assert lines[i - 1] == "```" and lines[i + 1] == "" and lines[i + 2] == "Prose after it."
     assert [line for line in lines if not line.startswith("> **Note:**") and line] == [
         line for line in text.split("\n") if line]
     assert len(check_code(marked).errors) == 2  # a note is prose: marking adds no block
@@ -281,17 +281,25 @@ def test_mark_broken_leaves_good_code_cut_code_and_unchecked_languages_alone():
 
 
 def test_mark_broken_keeps_a_note_inside_its_list_item_and_escapes_the_message():
-    text = "1. Step one:\n   ```python\n   print('(' \n   ```\n2. Step two."
+    text = "1. Step one:\n   ```python\n   print('(' \n   ```\n2. Step two.\n3. Step three."
     marked = mark_broken(text)
-    assert "   > **Note:** the Python above does not parse (line 1: SyntaxError: '(' was never closed)." in marked
-    assert marked.endswith("\n\n2. Step two.")
+    assert "   ```\n   > **Note:** the Python above does not parse (line 1: SyntaxError: '(' was never closed).\n2." in marked
     from markdown_it import MarkdownIt
 
     html = MarkdownIt("commonmark").render(mark_broken("```json\n{\"a\": 1,}\n```"))
     assert "<blockquote>" in html and "<li>" not in html
     item = MarkdownIt("commonmark").render(marked)
     assert item.index("<blockquote>") < item.index("</li>")  # the note is inside step one
+    assert "<li>Step three.</li>" in item  # and the list stays tight (a blank line would make every item a <p>)
     # a parser's message is shown as written: "<block end>" and "alias_x" are neither HTML nor emphasis
     for code, words in (("a: 1\n- b", "expected &lt;block end&gt;"), ("key: *alias_x_y_", "alias 'alias_x_y_'")):
         shown = MarkdownIt("commonmark").render(mark_broken(f"```yaml\n{code}\n```"))
         assert words in shown and "<em>" not in shown, shown
+
+
+def test_mark_broken_leaves_blocks_past_those_the_model_closed_alone():
+    text = _section(("python", "def f(:"), ("json", "{"))  # both closed here, as cut_back prints a cut block
+    assert mark_broken(text).count("Note:") == 2 and mark_broken(text, closed=2).count("Note:") == 2
+    once = mark_broken(text, closed=1)
+    assert once.count("Note:") == 1 and "the Python above" in once
+    assert mark_broken(text, closed=0) == text
