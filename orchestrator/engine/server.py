@@ -24,12 +24,13 @@ __all__ = ["BLOCK_SIZE", "SERVER_MODULE", "Startup", "cpu_dtype", "health", "spa
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MAX_MODEL_LEN = 2048
 # KV cache block, in tokens. vLLM's CPU build defaults to 128, and its prefix cache keeps whole blocks only: the small
-# profile's section request is about 90-100 tokens (its chapter's shared part about 60), so at 128 no block was ever
-# full and the outline context (issue 28) never hit the cache. At 32 (the CPU backend wants a multiple of 32) it
-# does. Measured on this 2-core machine, a 3 x 3 x 4 book's 36 section requests at once, every answer exactly 300
-# tokens, three engine pairs (benchmarks/engine_prefix_cache.py): the outline requests' prefix hit rate 0 at 128,
-# 0.37-0.51 at 32; wall time with bare prompts 88-95 s at 32 against 92-102 s at 128, with the outline 92-100 s
-# against 97-109 s (less of each block computed for nothing, besides the cache).
+# profile's outline section request is 85-100 tokens, so at 128 no block was ever full and nothing hit. At 32 (the
+# CPU backend wants a multiple of 32) the first block, which every section request of a book shares (system line,
+# book line), hits; a chapter's own shared part (56-66 tokens from token 32) fills a second block only in some
+# chapters (16 would catch more, but is no multiple of 32). Measured on this 2-core machine, a 3 x 3 x 4 book's 36
+# section requests at once, every answer exactly 300 tokens (benchmarks/engine_prefix_cache.py): hit rate 0 -> 37%
+# (0 -> 51% with another outline's longer titles); wall time no worse: faster at 32 in 5 of 6 pairs, bare prompts
+# (never a hit) as much as the outline's, within a spread about as wide as the gain, so not the cache's doing.
 BLOCK_SIZE = 32
 
 
