@@ -27,15 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import shutil
-import socket
 import sys
 import time
 
 import aiohttp
 
 from orchestrator.core.config import Settings
+from orchestrator.core.osutil import free_port
 from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.core.profiles import PROFILES
 from orchestrator.engine.children import stop_process
@@ -43,6 +42,7 @@ from orchestrator.engine.installer import prepare_model, require_engine_python
 from orchestrator.engine.paths import MODEL_NAME, resolve_cache_dir, run_dir
 from orchestrator.engine.server import spawn
 from orchestrator.job.section_prompt import section_text
+from orchestrator.metrics import parse_metrics
 
 # A 3 x 3 x 4 outline as the embedded engine plans the demo prompt (titles of one of its runs, tidied).
 OUTLINE = Outline("Software Engineering Handbook", (
@@ -65,7 +65,7 @@ OUTLINE = Outline("Software Engineering Handbook", (
                                  "Security Testing")),
     )),
 ))
-COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total")
+COUNTERS = ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits")  # metrics.Counters fields
 
 
 def requests_of(way: str) -> list[list[dict[str, str]]]:
@@ -75,19 +75,12 @@ def requests_of(way: str) -> list[list[dict[str, str]]]:
 
 
 def counters(text: str) -> dict[str, float]:
-    out = {}
-    for name in COUNTERS:
-        m = re.search(r"^vllm:" + name + r"(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
-        if m is None:
-            sys.exit(f"engine_prefix_cache: the engine's /metrics has no vllm:{name}")
-        out[name] = float(m.group(1))
+    """The engine's counters this benchmark reads, from one /metrics page (metrics.parse_metrics)."""
+    got = parse_metrics(text)
+    out = {name: getattr(got, name) for name in COUNTERS}
+    if missing := [name for name, v in out.items() if v is None]:
+        sys.exit(f"engine_prefix_cache: the engine's /metrics has no counter for {', '.join(missing)}")
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def measure(base: str, order: list[str], tokens: int, block: int | None) -> list[dict]:
@@ -116,11 +109,11 @@ async def measure(base: str, order: list[str], tokens: int, block: int | None) -
             wall = time.monotonic() - t0
             after = await metrics()
             d = {k: after[k] - before[k] for k in COUNTERS}
-            queries = d["prefix_cache_queries_total"]
+            queries = d["prefix_queries"]
             rows.append({"block": block or 128, "way": way, "requests": len(done), "tokens": sum(done),
                          "wall_s": round(wall, 2), "tok_s": round(sum(done) / wall, 1),
-                         "prompt_tokens": int(d["prompt_tokens_total"]),
-                         "hit_rate": round(d["prefix_cache_hits_total"] / queries, 3) if queries else None})
+                         "prompt_tokens": int(d["prompt_tokens"]),
+                         "hit_rate": round(d["prefix_hits"] / queries, 3) if queries else None})
     return rows
 
 
