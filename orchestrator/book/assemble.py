@@ -15,9 +15,9 @@ from markdown_it import MarkdownIt
 from ..core.outline import Outline, SectionRef
 from ..core.states import Missing
 from .checks import norm_title
-from .codecheck import mark_broken
+from .codecheck import CodeReport, check_code, mark_broken
 from .cutback import complete_part, cut_back
-from .fences import close_open_fence, fenced_blocks
+from .fences import close_open_fence
 from .salad import salad_at
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
@@ -64,6 +64,12 @@ class SectionText:
         the book after the last section (on the job's critical path) and counting its defects only join texts.
         (A cached_property sets the instance's ``__dict__`` directly, which a frozen dataclass allows.)"""
         return _section_body(self)
+
+    @cached_property
+    def code(self) -> CodeReport:
+        """:func:`.codecheck.check_code` of ``text``, computed once (with :attr:`body`, as the section lands): the
+        notes book.md prints under blocks that do not parse, and defects.json ``code_blocks``."""
+        return check_code(self.text)
 
     @cached_property
     def salad(self) -> int | None:
@@ -169,10 +175,9 @@ def _section_body(s: SectionText) -> str:
         # text that would lose more than half of itself (a reply that is all headings, say) is printed as written.
         cut = cut_back(s.text.rstrip() + "\n").rstrip("\n")
         text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
-    # cut_back closes what it keeps; close_open_fence closes a text printed as written. A block the model never
-    # closed is cut code, not broken code (codecheck's rule), whichever closed it for printing: it gets no note.
-    closed = sum(b.closed for b in fenced_blocks(s.text))  # cut_back may close a block the model left open
-    return close_open_fence(mark_broken(demote_headings(text, drop_title=s.title), closed))
+    # cut_back closes what it keeps; close_open_fence closes a text printed as written. The notes come from the
+    # text as generated (a block the model never closed is cut code, with no error, whichever closed it for printing).
+    return close_open_fence(mark_broken(demote_headings(text, drop_title=s.title), s.code.errors, s.text))
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

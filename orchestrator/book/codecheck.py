@@ -176,25 +176,26 @@ def repair_note(errors: Sequence[BlockError]) -> str:
     return " ".join(parts)
 
 
-def mark_broken(text: str, closed: int | None = None) -> str:
-    """``text`` with a one-line note under each closed block that does not parse, as book.md prints it: a block
-    quote naming the language, the line within the block and the parser's message (``> **Note:** the Python above
-    does not parse (line 3: SyntaxError: invalid syntax).``), indented like the block's fence so that a block in a list
-    item keeps its note inside the item. ``text`` itself when every checked block parses. Pure.
+def mark_broken(printed: str, errors: Sequence[BlockError], generated: str) -> str:
+    """``printed`` with a one-line note under each block of ``generated`` that does not parse (``errors``:
+    ``check_code(generated).errors``), as book.md prints it: a block quote naming the language, the line within the
+    block and the parser's message (``> **Note:** the Python above does not parse (line 3: SyntaxError: invalid
+    syntax).``), indented like the block's fence so that a block in a list item keeps its note inside the item.
+    ``printed`` itself when there are no errors. Pure.
 
-    ``closed``: how many blocks the model closed in the text as generated, when ``text`` is that text cut back and
-    closed for printing (blocks keep their order, and only the last can be open): a later block is cut code, not
-    broken code (:func:`check_code`'s rule), and gets no note. None: every closed block of ``text`` is checked."""
-    report = check_code(text)
-    if report.ok:
-        return text
-    blocks = fenced_blocks(text)
-    ends = {b.line: (i, b.end, b.indent) for i, b in enumerate(blocks)}
-    lines = text.split("\n")
-    for e in sorted(report.errors, key=lambda e: e.block_line, reverse=True):
-        i, end, indent = ends[e.block_line]
-        if closed is not None and i >= closed:
+    ``printed`` is ``generated`` cut back and with its headings demoted: it holds a prefix of the blocks, in order,
+    each with the same code, so block i of one is block i of the other. A block the model never closed is cut code,
+    not broken code, and has no error: it gets no note, whatever closed it for printing."""
+    if not errors:
+        return printed
+    index = {b.line: i for i, b in enumerate(fenced_blocks(generated))}
+    blocks = fenced_blocks(printed)
+    lines = printed.split("\n")
+    for e in sorted(errors, key=lambda e: e.block_line, reverse=True):
+        i = index[e.block_line]
+        if i >= len(blocks):  # cut off before this block: not printed
             continue
+        end, indent = blocks[i].end, blocks[i].indent
         where = f"line {e.line - e.block_line}: " if e.line > e.block_line else ""
         note = f"{' ' * indent}> **Note:** the {_name(e.language)} above does not parse ({where}{_escaped(e.message)})."
         # A block quote may follow a closing fence directly, and a list item ends it: no blank line there, which

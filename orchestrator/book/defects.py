@@ -45,7 +45,6 @@ from typing import Any
 
 from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
-from .codecheck import check_code
 from .overlap import share_summary, sibling_share
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
@@ -267,7 +266,7 @@ def _parsed(written: list[SectionText]) -> dict[str, Any]:
     broken: Counter[str] = Counter()
     repaired: Counter[str] = Counter()
     for s in written:
-        for lang, n in check_code(s.text).languages.items():
+        for lang, n in s.code.languages.items():
             if n.checked:
                 checked[lang] += n.checked
                 broken[lang] += n.broken

@@ -15,7 +15,7 @@ from orchestrator.book.codecheck import (
     mark_broken,
     repair_note,
 )
-from orchestrator.book.fences import FencedBlock, fenced_blocks, fenced_code
+from orchestrator.book.fences import FencedBlock, close_open_fence, fenced_blocks, fenced_code
 
 
 def _section(*blocks: tuple[str, str], lead: str = "# Title\n\nSome prose first.\n") -> str:
@@ -259,9 +259,14 @@ def test_repair_note_does_not_double_a_messages_own_stop():
     assert "comma? Rewrite" in note and "?." not in note
 
 
+def _marked(text: str) -> str:
+    """:func:`mark_broken` of a text printed as generated."""
+    return mark_broken(text, check_code(text).errors, text)
+
+
 def test_mark_broken_puts_a_note_under_each_block_that_does_not_parse_and_nothing_else():
     text = _section(("python", "x = 1\ndef f(:\n    pass"), ("json", '{"a": 1}'), ("yaml", "a: [1, 2"))
-    marked = mark_broken(text)
+    marked = _marked(text)
     notes = [line for line in marked.split("\n") if line.startswith("> **Note:**")]
     assert len(notes) == 2 and "the Python above does not parse (line 2: SyntaxError" in notes[0]
     assert notes[1].startswith("> **Note:** the YAML above does not parse (line 1: ")
@@ -277,29 +282,37 @@ def test_mark_broken_puts_a_note_under_each_block_that_does_not_parse_and_nothin
 def test_mark_broken_leaves_good_code_cut_code_and_unchecked_languages_alone():
     for text in (_section(("python", "x = 1"), ("toml", 'a = "b"')), _section(("bash", "if then fi"), ("", "{{")),
                  "Prose.\n\n```python\ndef f(:"):  # the last: a block never closed is cut, not broken
-        assert mark_broken(text) is text
+        assert _marked(text) is text
 
 
 def test_mark_broken_keeps_a_note_inside_its_list_item_and_escapes_the_message():
     text = "1. Step one:\n   ```python\n   print('(' \n   ```\n2. Step two.\n3. Step three."
-    marked = mark_broken(text)
+    marked = _marked(text)
     assert "   ```\n   > **Note:** the Python above does not parse (line 1: SyntaxError: '(' was never closed).\n2." in marked
     from markdown_it import MarkdownIt
 
-    html = MarkdownIt("commonmark").render(mark_broken("```json\n{\"a\": 1,}\n```"))
+    html = MarkdownIt("commonmark").render(_marked("```json\n{\"a\": 1,}\n```"))
     assert "<blockquote>" in html and "<li>" not in html
     item = MarkdownIt("commonmark").render(marked)
     assert item.index("<blockquote>") < item.index("</li>")  # the note is inside step one
     assert "<li>Step three.</li>" in item  # and the list stays tight (a blank line would make every item a <p>)
     # a parser's message is shown as written: "<block end>" and "alias_x" are neither HTML nor emphasis
     for code, words in (("a: 1\n- b", "expected &lt;block end&gt;"), ("key: *alias_x_y_", "alias 'alias_x_y_'")):
-        shown = MarkdownIt("commonmark").render(mark_broken(f"```yaml\n{code}\n```"))
+        shown = MarkdownIt("commonmark").render(_marked(f"```yaml\n{code}\n```"))
         assert words in shown and "<em>" not in shown, shown
 
 
-def test_mark_broken_leaves_blocks_past_those_the_model_closed_alone():
-    text = _section(("python", "def f(:"), ("json", "{"))  # both closed here, as cut_back prints a cut block
-    assert mark_broken(text).count("Note:") == 2 and mark_broken(text, closed=2).count("Note:") == 2
-    once = mark_broken(text, closed=1)
+def test_mark_broken_leaves_blocks_the_model_never_closed_or_the_cut_dropped_alone():
+    both = _section(("python", "def f(:"), ("json", "{"))
+    assert _marked(both).count("Note:") == 2
+    # the model left the JSON block open (the cap stopped it); closed for printing, it is cut code, not broken code
+    generated = both[: both.rindex("```")]
+    printed = close_open_fence(generated)
+    once = mark_broken(printed, check_code(generated).errors, generated)
     assert once.count("Note:") == 1 and "the Python above" in once
-    assert mark_broken(text, closed=0) == text
+    # a cut that kept only the first block prints only its note
+    first = both[: both.index("```json")]
+    assert mark_broken(first, check_code(both).errors, both).count("Note:") == 1
+    # the only block open as generated: no note at all
+    alone = "Prose.\n\n```json\n{"
+    assert mark_broken(close_open_fence(alone), check_code(alone).errors, alone) == close_open_fence(alone)
