@@ -119,17 +119,20 @@ async def test_a_real_job_on_the_simulator_in_chromium(tmp_path):
             job_done = anyio.Event()
 
             async def watch_mid_run():
-                await wait_js(
-                    page,
-                    "() => document.querySelectorAll('#feed .entry:not(.plan) h3').length >= 3"
-                    " && /^[0-9,]+(\\.[0-9])?$/.test(document.getElementById('rate').textContent)"
-                    " && !/^0(\\.0)?$/.test(document.getElementById('rate').textContent)"
-                    " && /^[0-9.,]+$/.test(document.getElementById('per-reader').textContent)",
-                    within=120,
+                # Both figures from one read of the page: it redraws several times a second, and each reader's
+                # share is "–" whenever the servers report no stream running, so two reads could see two states.
+                both = (
+                    "() => { const r = document.getElementById('rate').textContent,"
+                    " e = document.getElementById('per-reader').textContent;"
+                    " return document.querySelectorAll('#feed .entry:not(.plan) h3').length >= 3"
+                    " && /^[0-9,]+(\\.[0-9])?$/.test(r) && !/^0(\\.0)?$/.test(r) && /^[0-9.,]+$/.test(e)"
+                    " ? [r, e] : null; }"
                 )
+                with anyio.fail_after(120):
+                    while (shown := await page.evaluate(both)) is None:  # noqa: ASYNC110 - no event to await
+                        await anyio.sleep(0.05)
                 mid["finished_yet"] = job_done.is_set()
-                mid["rate"] = await page.text_content("#rate")
-                mid["per_reader"] = await page.text_content("#per-reader")
+                mid["rate"], mid["per_reader"] = shown
                 mid["titles"] = await page.locator("#feed .entry:not(.plan) h3").all_text_contents()
                 await page.screenshot(path=str(ARTIFACTS / "feed-sim-midrun.png"))
 
