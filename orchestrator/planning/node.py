@@ -3,6 +3,7 @@ the check of each reply, and the value of a journaled answer. The planner (plann
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from ..book.checks import norm_title as norm
@@ -23,6 +24,8 @@ RETRY_TEMPERATURE = 0.7  # planning re-asks after an unusable reply (see _NodeRe
 # titles to avoid), then its next reply is taken as well as it can be: taken titles qualified by the node's own
 # title. Not the whole attempts bound: a model that offered the same titles twice, told not to, offers them again.
 TAKEN_REASKS = 1
+
+log = logging.getLogger("handbook")
 
 
 class PlanContext(Protocol):
@@ -107,11 +110,12 @@ class NodeRequest:
         ) and self.crowded < TAKEN_REASKS
         offered_title, offered = extract_titles(reply.text)
         taken = frozenset(exp.taken - exp.norms)
+        own = self.values.get(self.name) if self.name != NodeKind.BOOK else None  # the part's or chapter's title
         try:
-            return parse_titles(
+            got = parse_titles(
                 reply.text, self.n, self.want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict,
                 taken=taken, pool=tuple(exp.pool), pool_title=exp.pool_title,
-                qualify=self.values.get(self.name) if self.spare else None,  # the part's or chapter's own title
+                qualify=own if self.spare else None, own=own,
             )
         except ValueError:
             if self.spare and taken and self._enough_but_taken(reply.text):
@@ -123,6 +127,11 @@ class NodeRequest:
                 if norm(t) in taken:
                     exp.collide(t)
             raise
+        if got.filled:
+            log.warning("%s %r: the model's replies held %d usable title(s) of the %d asked; the other %d are made "
+                        "from its title: %s", self.name, own, len(got.items) - got.filled, self.n, got.filled,
+                        "; ".join(got.items[-got.filled:]))
+        return got
 
     def _enough_but_taken(self, text: str) -> bool:
         """Would the reply have been usable if no other node had taken any of its titles?"""

@@ -23,6 +23,7 @@ MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children'
 class Titles:
     title: str | None
     items: tuple[str, ...]
+    filled: int = 0  # of ``items``, the last ones made from the node's own title (:func:`filler_titles`)
 
 
 # A list line: its indent, its marker ("1." / "1)" / "(1)" or a bullet) and its text.
@@ -260,6 +261,27 @@ def qualified(title: str, parent: str) -> str:
     return f"{title} in {parent}"
 
 
+# The angles a node's own title is topped up with when the model offered fewer usable titles than asked (see
+# parse_titles, ``own``): ordinary section headings of any subject, the most useful first, distinct from one another
+# and from their parent (each adds words to it, so none is a near copy).
+FILLER_ANGLES = (
+    "Core Ideas of {t}", "{t} in Practice", "Common Mistakes in {t}", "A Worked Example of {t}", "Tools for {t}",
+    "Trade-offs in {t}", "Getting Started with {t}", "Key Terms in {t}", "A Checklist for {t}",
+    "Advanced Topics in {t}", "Case Studies in {t}", "A Short History of {t}", "Measuring Success in {t}",
+    "Questions and Answers on {t}", "Explaining {t} to Others", "Further Reading on {t}",
+)
+
+
+def filler_titles(own: str) -> list[str]:
+    """Titles made from a node's own title (``own``), for the places its replies left empty: the angles of
+    :data:`FILLER_ANGLES`, then numbered ones ("Topics in X, 17") should a node ask for more than there are angles.
+    Not the model's words, so a node gets them only when its last attempt and every earlier one offered fewer
+    distinct usable titles than asked: a chapter of the size asked with plain headings reads better than a chapter
+    of one section, or a section titled as its chapter (both seen on SmolLM2-135M)."""
+    t = _shorten(own.strip().rstrip(".:"))
+    return [a.format(t=t) for a in FILLER_ANGLES] + [f"Topics in {t}, {k}" for k in range(len(FILLER_ANGLES) + 1, 65)]
+
+
 def parse_titles(
     text: str,
     n: int,
@@ -273,6 +295,7 @@ def parse_titles(
     pool_title: str | None = None,
     taken: frozenset[str] = frozenset(),
     qualify: str | None = None,
+    own: str | None = None,
 ) -> Titles:
     """Parse a planning reply (JSON, numbered, bulleted or plain lines). Raises ValueError when unusable.
 
@@ -297,12 +320,13 @@ def parse_titles(
         title = fixed_title
     if not strict:
         title = _shorten(title) if title else (_shorten(pool_title) if pool_title else None)
-        items = _salvage(items, pool, fixed, avoid | ({norm(title)} if title else set()), n, taken, qualify)
+        items, filled = _salvage(items, pool, fixed, avoid | ({norm(title)} if title else set()), n, taken,
+                                 qualify, own)
         if not items:
             raise ValueError(f"expected {n} titles, got none")
-        # Fewer than asked is a smaller chapter, not a lost book (the reply and the node's earlier ones offered
-        # no more distinct titles).
-        return Titles(title, tuple(items[:n]))
+        # Without ``own`` (the book node), fewer than asked is a smaller book, not a lost one (the reply and the
+        # node's earlier ones offered no more distinct titles).
+        return Titles(title, tuple(items[:n]), filled)
     if len(items) < n:
         raise ValueError(f"expected {n} titles, got {len(items)}")
     # A reply with more titles than asked may carry a repeat or a weak one among them: the distinct strong
@@ -329,12 +353,14 @@ def parse_titles(
 
 def _salvage(
     items: list[str], pool: tuple[str, ...], fixed: tuple[str, ...], avoid: frozenset[str], n: int,
-    taken: frozenset[str] = frozenset(), qualify: str | None = None,
-) -> list[str]:
-    """Distinct titles for a node's last attempt: fixed ones first, then strong ones, then (``qualify``) strong ones
-    taken elsewhere, qualified by the node's title. Weak ones (debris, a copy of a parent) only when there is no
-    strong one at all: a chapter with fewer sections reads better than one padded with debris, but a node with no
-    title at all would lose its part of the book."""
+    taken: frozenset[str] = frozenset(), qualify: str | None = None, own: str | None = None,
+) -> tuple[list[str], int]:
+    """Distinct titles for a node's last attempt, and how many of them are fillers: fixed ones first, then strong
+    ones, then (``qualify``) strong ones taken elsewhere, qualified by the node's title. Weak ones (debris, a copy
+    of a parent) only when there is no strong one at all, those that repeat no title of the book (its ancestors'
+    in ``avoid``, another node's in ``taken``) first. Then (``own``) :func:`filler_titles` up to ``n``: plain
+    headings read better than a short chapter or a title the book already holds. Without ``own``, the weak ones
+    that repeat a title come last: a node with no title at all would lose its part of the book."""
     out = list(fixed)
     seen = {norm(x) for x in out}
     candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
@@ -342,14 +368,19 @@ def _salvage(
     if qualify and len(out) < n:
         again = [qualified(x, qualify) for x in candidates if norm(x) in taken and not weak_title(x, avoid)]
         _fill(out, seen, again, avoid, n, taken)
-    if len(out) == len(fixed):  # no strong title at all: weak ones rather than lose the node's part of the book
-        if qualify:
-            # the book's titles must be distinct: weak ones (a near copy, debris) that repeat no title of the book
-            # (its ancestors' in ``avoid``, another node's in ``taken``) come first, then the rest as before
-            fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
-            _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
+    no_strong = len(out) == len(fixed)
+    if no_strong:  # no strong title at all: weak ones rather than lose the node's part of the book
+        fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
+        _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
+    filled = 0
+    if own and len(out) < n:
+        before = len(out)
+        fillers = [x for x in filler_titles(own) if norm(x) not in avoid and norm(x) not in taken]
+        _fill(out, seen, fillers, avoid, n, taken, allow_weak=True)
+        filled = len(out) - before
+    if no_strong:
         _fill(out, seen, candidates, avoid, n, taken, allow_weak=True)
-    return out
+    return out, filled
 
 
 def _fill(out: list[str], seen: set[str], candidates: list[str], avoid: frozenset[str], n: int,

@@ -1,0 +1,91 @@
+"""A part or chapter whose replies hold fewer usable titles than asked still gets the size asked: the places the
+model left empty are filled with titles made from the node's own title (planning/titles.filler_titles), never left
+short (a 2 x 2 x 3 book on SmolLM2-135M came back with a chapter of one section: its reply, on both attempts, was
+"I'm glad you're excited about these new Python features! ..."). The book node keeps what it got: it has no title
+of its own to make parts from."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from scripted_openai import Answer, Request, ScriptedServer, prose, titles
+
+from orchestrator import Settings, generate
+from orchestrator.book.checks import norm_title as norm
+from orchestrator.planning import parse_titles
+from orchestrator.planning.titles import FILLER_ANGLES, filler_titles, weak_title
+
+CHATTER = "I'm glad you're excited about these new Python features! Let me know if you would like anything else."
+
+
+def test_a_last_attempt_with_one_usable_title_is_filled_from_the_nodes_own_title():
+    own = "Python Features"
+    avoid = frozenset({norm(own), norm("A Python Handbook")})
+    got = parse_titles(f"{CHATTER}\n\n1. Scrangle: A Parser Library", 3, False, avoid=avoid, strict=False, own=own)
+    assert len(got.items) == 3 and got.filled == 2
+    assert got.items[0] == "Scrangle: A Parser Library"  # the model's own title first, the fillers after it
+    assert len({norm(t) for t in got.items}) == 3 and not {norm(t) for t in got.items} & avoid
+    assert all(own in t for t in got.items[1:])
+
+
+def test_a_reply_with_no_title_at_all_is_filled_whole_and_a_filler_another_node_took_is_skipped():
+    own = "Testing"
+    taken = frozenset({norm("Core Ideas of Testing")})  # as if another node had it already
+    got = parse_titles(CHATTER, 4, False, strict=False, taken=taken, own=own)
+    assert got.filled == 4 and len(set(got.items)) == 4
+    assert norm("Core Ideas of Testing") not in {norm(t) for t in got.items}
+    # strict attempts are never filled: a reply short of titles is asked again
+    with pytest.raises(ValueError):
+        parse_titles(CHATTER, 4, False, strict=True, own=own)
+
+
+def test_fillers_are_distinct_pass_the_title_gate_and_cover_a_sixteen_section_chapter():
+    own = "Continuous Integration"
+    made = filler_titles(own)
+    assert len(made) >= 64 and len({norm(t) for t in made}) == len(made)
+    for t in made[: len(FILLER_ANGLES)]:
+        assert weak_title(t, frozenset({norm(own)})) is None, t  # no near copy of the parent, no debris
+    got = parse_titles("1. Pipelines", 16, False, strict=False, own=own)
+    assert len(got.items) == 16 and got.filled == 15
+
+
+def test_the_book_node_keeps_a_short_list_rather_than_invent_parts():
+    got = parse_titles("1. Foundations\n2. Practice", 4, False, strict=False)
+    assert list(got.items) == ["Foundations", "Practice"] and got.filled == 0
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_a_chapter_answered_with_chatter_every_time_still_has_every_section(tmp_path, caplog, pipeline):
+    parts, chapters = ["Foundations", "Practice"], {"Foundations": ["Basics", "Habits"],
+                                                    "Practice": ["Reviews", "Releases"]}
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "book":
+            return Answer(titles(parts, "The Test Book"))
+        if req.kind == "part":
+            return Answer(titles(chapters[req.title]))
+        if req.kind == "chapter":
+            if req.title == "Habits":
+                return Answer(CHATTER)  # no title on any attempt
+            return Answer(titles([f"{req.title} {w}" for w in ("Origins", "Methods", "Limits")]))
+        if req.kind == "section":
+            return Answer(prose(req.title))
+        raise AssertionError(f"unexpected request: {req.prompt[:200]!r}")
+
+    settings = Settings(parts=2, chapters=2, sections=3, words=40, max_tokens=80, formats=("md",), attempts=3,
+                        context="none", pipeline=pipeline)
+    with caplog.at_level(logging.WARNING, logger="handbook"), ScriptedServer(answer) as srv:
+        result = generate("A test book", [srv.url], settings, out=tmp_path / "o", on_event=lambda e: None)
+        habits = [r for r in srv.of("chapter") if r.title == "Habits"]
+    assert result.complete
+    assert result.outline.shape == (2, 4, 12)
+    assert len(habits) == 3  # asked as often as any unusable reply is, then filled
+    got = result.outline.parts[0].chapters[1]
+    assert got.title == "Habits" and list(got.sections) == filler_titles("Habits")[:3]
+    everything = [result.outline.title, *parts, *(c for cs in chapters.values() for c in cs),
+                  *(s for p in result.outline.parts for c in p.chapters for s in c.sections)]
+    assert len({norm(t) for t in everything}) == len(everything)  # the fillers repeat no title of the book
+    assert result.stats["sections"] == 12 and result.stats["empty_sections"] == 0
+    assert any("chapter 'Habits'" in r.getMessage() and "3 are made from its title" in r.getMessage()
+               for r in caplog.records)
