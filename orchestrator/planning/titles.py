@@ -274,12 +274,14 @@ FILLER_ANGLES = (
 
 def filler_titles(own: str) -> list[str]:
     """Titles made from a node's own title (``own``), for the places its replies left empty: the angles of
-    :data:`FILLER_ANGLES`, then numbered ones ("Topics in X, 17") should a node ask for more than there are angles.
-    Not the model's words, so a node gets them only when its last attempt and every earlier one offered fewer
-    distinct usable titles than asked: a chapter of the size asked with plain headings reads better than a chapter
-    of one section, or a section titled as its chapter (both seen on SmolLM2-135M)."""
+    :data:`FILLER_ANGLES`, those within the quality checker's word limit first, then ("More on X: Topic 17") as many
+    as a node may ask beyond them. Not the model's words, so a node gets them only when its last attempt and every
+    earlier one offered fewer distinct usable titles than asked: a chapter of the size asked with plain headings
+    reads better than a chapter of one section, or a section titled as its chapter (both seen on SmolLM2-135M)."""
     t = _shorten(own.strip().rstrip(".:"))
-    return [a.format(t=t) for a in FILLER_ANGLES] + [f"Topics in {t}, {k}" for k in range(len(FILLER_ANGLES) + 1, 65)]
+    made = [a.format(t=t) for a in FILLER_ANGLES]
+    made.sort(key=lambda x: len(x.split()) > MAX_TITLE_WORDS)  # stable: the angles' order within each group
+    return made + [f"More on {t}: Topic {k}" for k in range(len(FILLER_ANGLES) + 1, 257)]
 
 
 def parse_titles(
@@ -357,10 +359,10 @@ def _salvage(
 ) -> tuple[list[str], int]:
     """Distinct titles for a node's last attempt, and how many of them are fillers: fixed ones first, then strong
     ones, then (``qualify``) strong ones taken elsewhere, qualified by the node's title. Weak ones (debris, a copy
-    of a parent) only when there is no strong one at all, those that repeat no title of the book (its ancestors'
-    in ``avoid``, another node's in ``taken``) first. Then (``own``) :func:`filler_titles` up to ``n``: plain
-    headings read better than a short chapter or a title the book already holds. Without ``own``, the weak ones
-    that repeat a title come last: a node with no title at all would lose its part of the book."""
+    of a parent) only without ``own`` and when there is no strong one at all, those that repeat no title of the book
+    (its ancestors' in ``avoid``, another node's in ``taken``) first: a node with no title at all would lose its
+    part of the book. With ``own``, :func:`filler_titles` up to ``n`` instead: plain headings read better than a
+    short chapter, debris, or a title the book already holds."""
     out = list(fixed)
     seen = {norm(x) for x in out}
     candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
@@ -369,7 +371,7 @@ def _salvage(
         again = [qualified(x, qualify) for x in candidates if norm(x) in taken and not weak_title(x, avoid)]
         _fill(out, seen, again, avoid, n, taken)
     no_strong = len(out) == len(fixed)
-    if no_strong:  # no strong title at all: weak ones rather than lose the node's part of the book
+    if no_strong and not own:  # no strong title at all: weak ones rather than lose the node's part of the book
         fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
         _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
     filled = 0

@@ -12,9 +12,10 @@ import pytest
 from scripted_openai import Answer, Request, ScriptedServer, prose, titles
 
 from orchestrator import Settings, generate
+from orchestrator.book.checks import MAX_TITLE_WORDS, title_debris
 from orchestrator.book.checks import norm_title as norm
 from orchestrator.planning import parse_titles
-from orchestrator.planning.titles import FILLER_ANGLES, filler_titles, weak_title
+from orchestrator.planning.titles import filler_titles, weak_title
 
 CHATTER = "I'm glad you're excited about these new Python features! Let me know if you would like anything else."
 
@@ -43,9 +44,12 @@ def test_a_reply_with_no_title_at_all_is_filled_whole_and_a_filler_another_node_
 def test_fillers_are_distinct_pass_the_title_gate_and_cover_a_sixteen_section_chapter():
     own = "Continuous Integration"
     made = filler_titles(own)
-    assert len(made) >= 64 and len({norm(t) for t in made}) == len(made)
-    for t in made[: len(FILLER_ANGLES)]:
-        assert weak_title(t, frozenset({norm(own)})) is None, t  # no near copy of the parent, no debris
+    assert len(made) >= 256 and len({norm(t) for t in made}) == len(made)
+    for t in made:  # no near copy of the parent, and no debris by the planner's gate or the quality checker's
+        assert weak_title(t, frozenset({norm(own)})) is None and title_debris(t, [own]) is None, t
+    # a long parent title: the angles that stay within the checker's word limit come first
+    long = "Designing Reliable Message Queues for Very Large Distributed Payment Systems"
+    assert all(len(t.split()) <= MAX_TITLE_WORDS for t in filler_titles(long)[:3])
     got = parse_titles("1. Pipelines", 16, False, strict=False, own=own)
     assert len(got.items) == 16 and got.filled == 15
 
@@ -89,3 +93,11 @@ def test_a_chapter_answered_with_chatter_every_time_still_has_every_section(tmp_
     assert result.stats["sections"] == 12 and result.stats["empty_sections"] == 0
     assert any("chapter 'Habits'" in r.getMessage() and "3 are made from its title" in r.getMessage()
                for r in caplog.records)
+
+
+def test_with_a_title_of_its_own_a_node_takes_fillers_rather_than_debris_or_a_copy():
+    own = "Version Control"
+    avoid = frozenset({norm(own)})
+    got = parse_titles('1. Version Control\n2. {"items": [\n3. Section 3', 3, False, avoid=avoid, strict=False,
+                       own=own)
+    assert got.filled == 3 and list(got.items) == filler_titles(own)[:3]
