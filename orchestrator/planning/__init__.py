@@ -1,12 +1,14 @@
 """Planning: the outline, level by level, one request per node.
 
-titles.py parses a reply (pure), stream.py follows a reply while it streams and starts children from it,
+titles.py parses a reply (pure), made.py makes the titles no reply gave (pure), stream.py follows a reply while it
+streams and starts children from it,
 planner.py asks for every node through the Dispatcher.
 """
 
+from .made import book_title_from_prompt
 from .planner import Planner, SectionCallback
 from .stream import TitleStream
-from .titles import Titles, book_title_from_prompt, extract_titles, parse_titles, weak_title
+from .titles import Titles, extract_titles, parse_titles, weak_title
 
 __all__ = [
     "Planner",

@@ -40,7 +40,7 @@ from ..core.reply import Reply
 from ..core.states import NodeKind
 from ..dispatch.dispatcher import Dispatcher
 from ..dispatch.journal import StoredNode
-from .titles import book_title_from_prompt
+from .made import book_title_from_prompt
 
 if TYPE_CHECKING:
     from ..wire.client import BackendClient

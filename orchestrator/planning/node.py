@@ -128,8 +128,8 @@ class NodeRequest:
                     exp.collide(t)
             raise
         if got.filled:
-            log.warning("%s %r: the model's replies held %d usable title(s) of the %d asked; the other %d are made "
-                        "from its title: %s", self.name, own, len(got.items) - got.filled, self.n, got.filled,
+            log.warning("%s %r: its replies gave %d usable title(s) of the %d it needs; the other %d are made from "
+                        "its title: %s", self.name, own, len(got.items) - got.filled, self.n, got.filled,
                         "; ".join(got.items[-got.filled:]))
         return got
 

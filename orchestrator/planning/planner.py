@@ -37,9 +37,10 @@ from ..core.profiles import PROFILES, Profile
 from ..core.states import NodeKind
 from ..dispatch.dispatcher import Dispatcher
 from .brief import ask_brief
+from .made import book_title_from_prompt
 from .node import NodeRequest, keep_titles
 from .stream import Expansion
-from .titles import Titles, book_title_from_prompt, spare_count
+from .titles import Titles, spare_count
 
 # (book, part, chapter path, chapter, 1-based index, title): a section title is known
 SectionCallback = Callable[[str, str, str, str, int, str], None]
@@ -67,7 +68,7 @@ class Planner:
     short by taken titles is asked again (once, :data:`~.node.TAKEN_REASKS`, within the attempts bound of any
     unusable reply), told which of its titles are used elsewhere; its next attempt fills its places with taken
     titles qualified by its own title ("Testing" in chapter "Web Services": "Testing in Web Services",
-    :func:`~.titles.qualified`) rather than fail. The book node asks for no spare: nothing is taken before it.
+    :func:`~.made.qualified`) rather than fail. The book node asks for no spare: nothing is taken before it.
     With ``distinct_titles`` False (the published take) every request, schema and title is what it always was.
     """
 

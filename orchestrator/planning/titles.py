@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..book.checks import MAX_TITLE_WORDS, title_debris
 from ..book.checks import norm_title as norm
+from ..book.checks import title_debris
 from ..book.fences import fenced_code, is_fence_line
-
-MAX_TITLE_CHARS = 160  # a longer "title" is a model rambling, and its children's prompts would overflow
+from .made import MAX_TITLE_CHARS, filler_titles, qualified
+from .made import shorten as _shorten
 
 
 @dataclass(frozen=True)
@@ -182,22 +182,6 @@ def extract_titles(text: str) -> tuple[str | None, list[str]]:
     return title or None, [x for x in items if x]
 
 
-def book_title_from_prompt(prompt: str) -> str:
-    """A book title made from the request, for a reply that names none ("Write me a complete software
-    engineering handbook. Every topic..." -> "Software Engineering Handbook")."""
-    first = re.split(r"(?<=[.!?])\s", prompt.strip(), maxsplit=1)[0].strip().rstrip(".!?")
-    t = re.sub(
-        r"^(?:please\s+)?(?:write|create|make|generate|produce|draft|compose|give)\s+(?:me\s+|us\s+)?"
-        r"(?:a|an|the)?\s*(?:(?:complete|comprehensive|full|thorough|detailed|long|short|small|whole)\s+)*",
-        "", first, flags=re.IGNORECASE,
-    ).strip()
-    t = t or first or "Handbook"
-    words = t.split()[:12]
-    small = {"a", "an", "the", "and", "or", "of", "for", "in", "on", "to", "with", "about"}
-    return " ".join(w if (i and w.lower() in small) or not w.islower() else w.capitalize()
-                    for i, w in enumerate(words))
-
-
 _WORDLIKE = re.compile(r"[^\W\d_]")  # at least one letter
 _DEBRIS = re.compile(r'[{}\[\]"]|\d+(?:\.\d+){3,}')  # JSON fragments, "1.1.1.1" chains
 
@@ -252,36 +236,6 @@ def spare_count(n: int) -> int:
     reference's do (~6.5% drawn from one pool of 50): four spares leave about one chapter in a hundred with more
     repeats than spares, which is then asked again."""
     return max(2, -(-n // 4))
-
-
-def qualified(title: str, parent: str) -> str:
-    """The last resort for a title another node already took: the same title made this node's by its parent's
-    ("Testing" under "Web Services" -> "Testing in Web Services"); read better than a "(2)" suffix, and still
-    says what the section is about."""
-    return f"{title} in {parent}"
-
-
-# The angles a node's own title is topped up with when the model offered fewer usable titles than asked (see
-# parse_titles, ``own``): ordinary section headings of any subject, the most useful first, distinct from one another
-# and from their parent (each adds words to it, so none is a near copy).
-FILLER_ANGLES = (
-    "Core Ideas of {t}", "{t} in Practice", "Common Mistakes in {t}", "A Worked Example of {t}", "Tools for {t}",
-    "Trade-offs in {t}", "Getting Started with {t}", "Key Terms in {t}", "A Checklist for {t}",
-    "Advanced Topics in {t}", "Case Studies in {t}", "A Short History of {t}", "Measuring Success in {t}",
-    "Questions and Answers on {t}", "Explaining {t} to Others", "Further Reading on {t}",
-)
-
-
-def filler_titles(own: str) -> list[str]:
-    """Titles made from a node's own title (``own``), for the places its replies left empty: the angles of
-    :data:`FILLER_ANGLES`, those within the quality checker's word limit first, then ("More on X: Topic 17") as many
-    as a node may ask beyond them. Not the model's words, so a node gets them only when its last attempt and every
-    earlier one offered fewer distinct usable titles than asked: a chapter of the size asked with plain headings
-    reads better than a chapter of one section, or a section titled as its chapter (both seen on SmolLM2-135M)."""
-    t = _shorten(own.strip().rstrip(".:"))
-    made = [a.format(t=t) for a in FILLER_ANGLES]
-    made.sort(key=lambda x: len(x.split()) > MAX_TITLE_WORDS)  # stable: the angles' order within each group
-    return made + [f"More on {t}: Topic {k}" for k in range(len(FILLER_ANGLES) + 1, 257)]
 
 
 def parse_titles(
@@ -359,10 +313,12 @@ def _salvage(
 ) -> tuple[list[str], int]:
     """Distinct titles for a node's last attempt, and how many of them are fillers: fixed ones first, then strong
     ones, then (``qualify``) strong ones taken elsewhere, qualified by the node's title. Weak ones (debris, a copy
-    of a parent) only without ``own`` and when there is no strong one at all, those that repeat no title of the book
-    (its ancestors' in ``avoid``, another node's in ``taken``) first: a node with no title at all would lose its
-    part of the book. With ``own``, :func:`filler_titles` up to ``n`` instead: plain headings read better than a
-    short chapter, debris, or a title the book already holds."""
+    of a parent) only when there is no strong one at all (with ``qualify``, those that repeat no title of the book
+    first): a node with no title at all would lose its part of the book. With ``own``, before those,
+    :func:`~.made.filler_titles` up to ``n``: plain headings read better than a short chapter, debris, or a title
+    the book already holds. They pass the title gate (no near copy of a parent, no title the book holds), save that
+    one made from a long parent title may be long. Fillers come only where the node's replies named some title,
+    good or not: a model that answers a node with prose alone fails it rather than hide behind a book of fillers."""
     out = list(fixed)
     seen = {norm(x) for x in out}
     candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
@@ -371,16 +327,21 @@ def _salvage(
         again = [qualified(x, qualify) for x in candidates if norm(x) in taken and not weak_title(x, avoid)]
         _fill(out, seen, again, avoid, n, taken)
     no_strong = len(out) == len(fixed)
-    if no_strong and not own:  # no strong title at all: weak ones rather than lose the node's part of the book
-        fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
-        _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
     filled = 0
-    if own and len(out) < n:
+    if own and len(out) < n and (candidates or fixed):  # a model that named no title at all fails the node
         before = len(out)
-        fillers = [x for x in filler_titles(own) if norm(x) not in avoid and norm(x) not in taken]
-        _fill(out, seen, fillers, avoid, n, taken, allow_weak=True)
+        made = filler_titles(own)
+        _fill(out, seen, made, avoid, n, taken)  # through the title gate: no near copy of a parent, no repeat
+        # then those whose only fault is length (a long parent title): still no near copy and no repeat
+        _fill(out, seen, [x for x in made if not weak_title(_shorten(x), avoid, taken)], avoid, n, taken,
+              allow_weak=True)
         filled = len(out) - before
-    if no_strong:
+    if no_strong and len(out) < n:  # no strong title at all: weak ones rather than lose the node's part of the book
+        if qualify:
+            # the book's titles must be distinct: weak ones (a near copy, debris) that repeat no title of the book
+            # (its ancestors' in ``avoid``, another node's in ``taken``) come first, then the rest as before
+            fresh = [x for x in candidates if norm(x) not in avoid and norm(x) not in taken]
+            _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
         _fill(out, seen, candidates, avoid, n, taken, allow_weak=True)
     return out, filled
 
@@ -397,10 +358,3 @@ def _fill(out: list[str], seen: set[str], candidates: list[str], avoid: frozense
             continue
         seen.add(k)
         out.append(x)
-
-
-def _shorten(title: str) -> str:
-    words = title.split()[:MAX_TITLE_WORDS]
-    out = " ".join(words)
-    return out if len(out) <= MAX_TITLE_CHARS else out[: MAX_TITLE_CHARS - 1].rstrip() + "…"
-

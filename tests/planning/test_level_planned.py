@@ -30,7 +30,7 @@ WORDS = ["Origins", "Methods", "Habits", "Limits", "Examples", "Pitfalls", "Metr
          "Patterns", "Stories"]
 CHAPTERS = 12
 # In the tests that want it, the book's every reply repeats a part's title, so the book keeps 7 parts. (A part or a
-# chapter left short is topped up from its own title, planning/titles.filler_titles: only the book can be short.)
+# chapter left short is topped up from its own title, planning/made.filler_titles: only the book can be short.)
 SHORT_PARTS = [*PARTS[:7], PARTS[0]]
 
 

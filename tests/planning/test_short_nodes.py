@@ -1,5 +1,5 @@
 """A part or chapter whose replies hold fewer usable titles than asked still gets the size asked: the places the
-model left empty are filled with titles made from the node's own title (planning/titles.filler_titles), never left
+model left empty are filled with titles made from the node's own title (planning/made.filler_titles), never left
 short (a 2 x 2 x 3 book on SmolLM2-135M came back with a chapter of one section: its reply, on both attempts, was
 "I'm glad you're excited about these new Python features! ..."). The book node keeps what it got: it has no title
 of its own to make parts from."""
@@ -15,7 +15,8 @@ from orchestrator import Settings, generate
 from orchestrator.book.checks import MAX_TITLE_WORDS, title_debris
 from orchestrator.book.checks import norm_title as norm
 from orchestrator.planning import parse_titles
-from orchestrator.planning.titles import filler_titles, weak_title
+from orchestrator.planning.made import filler_titles
+from orchestrator.planning.titles import weak_title
 
 CHATTER = "I'm glad you're excited about these new Python features! Let me know if you would like anything else."
 
@@ -30,15 +31,21 @@ def test_a_last_attempt_with_one_usable_title_is_filled_from_the_nodes_own_title
     assert all(own in t for t in got.items[1:])
 
 
-def test_a_reply_with_no_title_at_all_is_filled_whole_and_a_filler_another_node_took_is_skipped():
+def test_a_filler_another_node_took_is_skipped_and_a_node_no_reply_named_a_title_for_still_fails():
     own = "Testing"
     taken = frozenset({norm("Core Ideas of Testing")})  # as if another node had it already
-    got = parse_titles(CHATTER, 4, False, strict=False, taken=taken, own=own)
-    assert got.filled == 4 and len(set(got.items)) == 4
+    got = parse_titles(f"{CHATTER}\n1. Unit Tests", 4, False, strict=False, taken=taken, own=own)
+    assert got.filled == 3 and len({norm(t) for t in got.items}) == 4
     assert norm("Core Ideas of Testing") not in {norm(t) for t in got.items}
+    # an earlier reply's title (the pool) is the model's too: the node is filled around it
+    pooled = parse_titles(CHATTER, 4, False, strict=False, own=own, pool=("Unit Tests",))
+    assert pooled.items[0] == "Unit Tests" and pooled.filled == 3
+    # prose alone, on every attempt: the model is not following, and a book of fillers would hide it
+    with pytest.raises(ValueError, match="got none"):
+        parse_titles(CHATTER, 4, False, strict=False, taken=taken, own=own)
     # strict attempts are never filled: a reply short of titles is asked again
     with pytest.raises(ValueError):
-        parse_titles(CHATTER, 4, False, strict=True, own=own)
+        parse_titles(f"{CHATTER}\n1. Unit Tests", 4, False, strict=True, own=own)
 
 
 def test_fillers_are_distinct_pass_the_title_gate_and_cover_a_sixteen_section_chapter():
@@ -47,11 +54,23 @@ def test_fillers_are_distinct_pass_the_title_gate_and_cover_a_sixteen_section_ch
     assert len(made) >= 256 and len({norm(t) for t in made}) == len(made)
     for t in made:  # no near copy of the parent, and no debris by the planner's gate or the quality checker's
         assert weak_title(t, frozenset({norm(own)})) is None and title_debris(t, [own]) is None, t
-    # a long parent title: the angles that stay within the checker's word limit come first
+    # a long parent title: the angles that stay within the checker's word limit come first, and the node is still
+    # filled (the longer ones, shortened, pass the gate)
     long = "Designing Reliable Message Queues for Very Large Distributed Payment Systems"
     assert all(len(t.split()) <= MAX_TITLE_WORDS for t in filler_titles(long)[:3])
+    got = parse_titles("1. Delivery Guarantees", 6, False, avoid=frozenset({norm(long)}), strict=False, own=long)
+    assert len(got.items) == 6 and got.filled == 5
+    assert all(len(t.split()) <= MAX_TITLE_WORDS for t in got.items[:4])
     got = parse_titles("1. Pipelines", 16, False, strict=False, own=own)
     assert len(got.items) == 16 and got.filled == 15
+
+
+def test_a_filler_that_nearly_repeats_a_parent_is_skipped():
+    # chapter "Testing" under part "Testing Tools": "Tools for Testing" only rewords the part's title
+    avoid = frozenset({norm("Testing Tools"), norm("Testing")})
+    got = parse_titles("1. Unit Tests", 8, False, avoid=avoid, strict=False, own="Testing")
+    assert "Tools for Testing" in filler_titles("Testing") and "Tools for Testing" not in got.items
+    assert len(got.items) == 8 and all(weak_title(t, avoid) is None for t in got.items)
 
 
 def test_the_book_node_keeps_a_short_list_rather_than_invent_parts():
@@ -60,7 +79,7 @@ def test_the_book_node_keeps_a_short_list_rather_than_invent_parts():
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
-def test_a_chapter_answered_with_chatter_every_time_still_has_every_section(tmp_path, caplog, pipeline):
+def test_a_chapter_answered_with_one_title_then_chatter_still_has_every_section(tmp_path, caplog, pipeline):
     parts, chapters = ["Foundations", "Practice"], {"Foundations": ["Basics", "Habits"],
                                                     "Practice": ["Reviews", "Releases"]}
 
@@ -70,8 +89,8 @@ def test_a_chapter_answered_with_chatter_every_time_still_has_every_section(tmp_
         if req.kind == "part":
             return Answer(titles(chapters[req.title]))
         if req.kind == "chapter":
-            if req.title == "Habits":
-                return Answer(CHATTER)  # no title on any attempt
+            if req.title == "Habits":  # one title on the first attempt, none on the others
+                return Answer(titles(["Habits of Mind"]) if req.nth == 1 else CHATTER)
             return Answer(titles([f"{req.title} {w}" for w in ("Origins", "Methods", "Limits")]))
         if req.kind == "section":
             return Answer(prose(req.title))
@@ -86,12 +105,12 @@ def test_a_chapter_answered_with_chatter_every_time_still_has_every_section(tmp_
     assert result.outline.shape == (2, 4, 12)
     assert len(habits) == 3  # asked as often as any unusable reply is, then filled
     got = result.outline.parts[0].chapters[1]
-    assert got.title == "Habits" and list(got.sections) == filler_titles("Habits")[:3]
+    assert got.title == "Habits" and list(got.sections) == ["Habits of Mind", *filler_titles("Habits")[:2]]
     everything = [result.outline.title, *parts, *(c for cs in chapters.values() for c in cs),
                   *(s for p in result.outline.parts for c in p.chapters for s in c.sections)]
     assert len({norm(t) for t in everything}) == len(everything)  # the fillers repeat no title of the book
     assert result.stats["sections"] == 12 and result.stats["empty_sections"] == 0
-    assert any("chapter 'Habits'" in r.getMessage() and "3 are made from its title" in r.getMessage()
+    assert any("chapter 'Habits'" in r.getMessage() and "1 usable title(s) of the 3 it needs; the other 2 are made" in r.getMessage()
                for r in caplog.records)
 
 
