@@ -21,6 +21,8 @@ and counted from what each run left (outline.json, defects.json, stats.json):
     5-gram share       the mean share of a section's word 5-grams that another section of its chapter holds
                        (book/overlap.py; defects.json sibling_overlap)
     python broken      Python blocks that still do not parse, of those checked (``ast``)
+    titles made        outline titles the planner made because the model's replies left a part or chapter short
+                       (planning/made.filler_titles; counted from the job's warnings)
     whole job s        stats.json whole_job_s, and outline's against none's
 
 With no --backend the script starts the embedded engine once (`handbook engine start`) and stops it at the end if it
@@ -96,6 +98,14 @@ def measure(out: Path) -> dict:
     }
 
 
+_MADE = re.compile(r"the other (\d+) are made from its title")
+
+
+def titles_made(stderr: str) -> int:
+    """How many outline titles the planner made from a node's own title (its warnings, planning/node.py)."""
+    return sum(int(m.group(1)) for m in _MADE.finditer(stderr))
+
+
 def excerpts(out: Path, limit: int) -> list[str]:
     """Sentences of a book that name another section of their chapter, or a term of the brief in quotes."""
     outline = json.loads((out / "outline.json").read_text())
@@ -119,15 +129,16 @@ def excerpts(out: Path, limit: int) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| prompt | way | sections | repeated titles | near-dup pairs (rewritten) | 5-gram share | python broken "
-            "/ checked (repaired) | requests | whole job s | vs none |")
+    head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share | "
+            "python broken / checked (repaired) | requests | whole job s | vs none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = {r["prompt"]: r for r in rows if r["way"] == "none"}
     for r in rows:
         b = base.get(r["prompt"])
         ratio = f"{r['whole_job_s'] / b['whole_job_s']:.2f}" if b and b["whole_job_s"] else "-"
         lines.append(
-            f"| {r['prompt'][:48]} | {r['way']} | {r['sections']} ({r['failed']} failed) | {r['repeated_titles']} | "
+            f"| {r['prompt'][:48]} | {r['way']} | {r['sections']} ({r['failed']} failed) | {r['titles_made']} | "
+            f"{r['repeated_titles']} | "
             f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share']:.1%} | {r['python_broken']} / "
             f"{r['python_checked']} ({r['code_repaired']}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
     return "\n".join(lines)
@@ -160,7 +171,8 @@ def main() -> None:
                                    "--fresh")
                     if run.returncode not in (0, 1):
                         sys.exit(f"context_quality: {prompt!r} ({way}) failed: {run.stderr.strip()[-400:]}")
-                    rows.append({"prompt": prompt, "way": way, "out": str(out), **measure(out)})
+                    rows.append({"prompt": prompt, "way": way, "out": str(out), **measure(out),
+                                 "titles_made": titles_made(run.stderr)})
             print(table(rows))
             for r in rows:
                 if r["way"] == "outline":
