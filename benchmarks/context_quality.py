@@ -19,7 +19,8 @@ and counted from what each run left (outline.json, defects.json, stats.json):
     repeated titles    titles of the whole outline (book, parts, chapters, sections) equal after normalising
     near-dup pairs     pairs of sections whose text largely repeats (defects.json near_duplicate_sections)
     5-gram share       the mean share of a section's word 5-grams that another section of its chapter holds
-                       (book/overlap.py; defects.json sibling_overlap)
+                       (book/overlap.py; defects.json sibling_overlap): a title of the book named in the prose is a
+                       name, which no 5-gram spans; in brackets every 5-gram counted (its with_titles)
     python broken      Python blocks that still do not parse, of those checked (``ast``)
     titles made        outline titles the planner made because the model's replies left a part or chapter short
                        (planning/made.filler_titles; counted from the job's warnings)
@@ -89,6 +90,7 @@ def measure(out: Path) -> dict:
         "near_duplicates": defects["near_duplicate_sections"]["count"],
         "rewritten": defects["near_duplicate_sections"].get("repaired", 0),
         "five_gram_share": defects["sibling_overlap"]["mean"],
+        "five_gram_share_all": defects["sibling_overlap"].get("with_titles", defects["sibling_overlap"])["mean"],
         "python_checked": py_checked or 0,
         "python_broken": py_broken or 0,
         "code_repaired": sum((code.get("repaired") or {}).values()),
@@ -139,7 +141,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['prompt'][:48]} | {r['way']} | {r['sections']} ({r['failed']} failed) | {r['titles_made']} | "
             f"{r['repeated_titles']} | "
-            f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share']:.1%} | {r['python_broken']} / "
+            f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share']:.1%} ({r['five_gram_share_all']:.1%}) | "
+            f"{r['python_broken']} / "
             f"{r['python_checked']} ({r['code_repaired']}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
     return "\n".join(lines)
 

@@ -8,6 +8,12 @@ section by its own request, none seeing the others) is prone to.
 - Words: ``\\w+`` tokens of the lower-cased text outside fenced code (:func:`.fences.fenced_blocks`, the fence
   lines included) and outside ATX headings (``#`` to ``######`` at the margin; a setext heading's words count).
   A 5-gram never spans a dropped line: the prose between two code blocks or headings is a run of its own.
+- Titles (``titles``: the book's own, of every level, as the outline holds them) of at least :data:`NAME_WORDS` words
+  are names, not prose: where a run's words spell one out, the run stops there too, so "as *The Danube's Role in
+  Climate Change* shows" shares nothing with the section of that title nor with another that names it. A section
+  that points to a sibling by its title knows the sibling (what ``--context outline`` asks for); it does not repeat
+  it. Shorter titles ("Testing", "Best Practices") are left in: they are the words prose uses anyway. Without
+  ``titles`` every 5-gram counts; ``defects.json`` gives both (``sibling_overlap`` and its ``with_titles``).
 - A section with no 5-gram (fewer than 5 words in every run) has share 0.0, as has a chapter's only section; both
   are counted in the summary.
 - Cost: linear in the text. Each chapter is one pass: every section's distinct 5-grams, a Counter of how many of
@@ -19,13 +25,14 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from .fences import fenced_blocks
 
-__all__ = ["GRAM", "grams", "share_summary", "sibling_share"]
+__all__ = ["GRAM", "NAME_WORDS", "grams", "share_summary", "sibling_share", "title_words"]
 
 GRAM = 5  # words a gram
+NAME_WORDS = 3  # a title of this many words or more is a name a run stops at
 _WORD = re.compile(r"\w+")
 _HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|\r?$)")
 
@@ -49,21 +56,51 @@ def _prose_runs(text: str) -> Iterator[list[str]]:
         yield run
 
 
-def grams(text: str) -> set[_Gram]:
-    """The distinct word 5-grams of ``text``'s prose (module docstring)."""
+def title_words(titles: Iterable[str]) -> tuple[tuple[str, ...], ...]:
+    """The titles a run stops at, as lower-cased word sequences: those of at least :data:`NAME_WORDS` words, each
+    once, longest first."""
+    seqs = {tuple(_WORD.findall(t.lower())) for t in titles}
+    return tuple(sorted((q for q in seqs if len(q) >= NAME_WORDS), key=lambda q: (-len(q), q)))
+
+
+def _unnamed(words: list[str], names: tuple[tuple[str, ...], ...]) -> Iterator[list[str]]:
+    """``words`` split where a name of ``names`` is spelled out, the names' words dropped. A name is looked for
+    from each word it may start at (its first word indexes it), so a run costs its length times the names sharing
+    a first word."""
+    if not names:
+        yield words
+        return
+    by_first: dict[str, list[tuple[str, ...]]] = {}
+    for q in names:
+        by_first.setdefault(q[0], []).append(q)
+    start = i = 0
+    while i < len(words):
+        hit = next((q for q in by_first.get(words[i], ()) if tuple(words[i:i + len(q)]) == q), None)
+        if hit is None:
+            i += 1
+            continue
+        yield words[start:i]
+        i = start = i + len(hit)
+    yield words[start:]
+
+
+def grams(text: str, names: tuple[tuple[str, ...], ...] = ()) -> set[_Gram]:
+    """The distinct word 5-grams of ``text``'s prose (module docstring); ``names``: :func:`title_words`."""
     out: set[_Gram] = set()
     for run in _prose_runs(text):
-        words = _WORD.findall("\n".join(run).lower())
-        out.update(zip(*(words[k:] for k in range(GRAM))))
+        for words in _unnamed(_WORD.findall("\n".join(run).lower()), names):
+            out.update(zip(*(words[k:] for k in range(GRAM))))
     return out
 
 
-def sibling_share(chapters: Mapping[str, Mapping[str, str]]) -> dict[str, float]:
+def sibling_share(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[str] = ()) -> dict[str, float]:
     """Section path -> the share of its distinct 5-grams that some sibling also holds. ``chapters``: chapter key ->
-    {section path -> text}; section paths are unique across the book (a path in two chapters is a ValueError)."""
+    {section path -> text}; section paths are unique across the book (a path in two chapters is a ValueError).
+    ``titles``: the book's titles, whose spelled-out names no 5-gram spans (module docstring)."""
+    names = title_words(titles)
     shares: dict[str, float] = {}
     for sections in chapters.values():
-        held = {path: grams(text) for path, text in sections.items()}
+        held = {path: grams(text, names) for path, text in sections.items()}
         holders = Counter(g for own in held.values() for g in own)
         for path, own in held.items():
             if path in shares:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.book.overlap import GRAM, grams, share_summary, sibling_share
+from orchestrator.book.overlap import GRAM, NAME_WORDS, grams, share_summary, sibling_share, title_words
 
 CACHE = ("A cache keeps recently used results close to the code that needs them, so that a repeated request "
          "is answered without the slow trip to the database behind it.")
@@ -143,3 +143,45 @@ def test_summary_is_independent_of_order_and_rounded():
 def test_gram_is_five():
     assert GRAM == 5
     assert len(grams(" ".join(f"w{i}" for i in range(12)))) == 12 - GRAM + 1
+
+
+NAMED = "The Danube's Role in Climate Change"
+
+
+def test_a_title_named_in_the_prose_is_not_shared_prose():
+    # two sections pointing to the same sibling by its title share nothing else: no 5-gram counts as shared
+    a = f"{CACHE} As {NAMED} shows, rivers store carbon."
+    b = f"{QUEUE} Read {NAMED} for the river's part."
+    titles = [NAMED, "Rivers"]
+    assert sibling_share({"ch": {"a": a, "b": b}}, titles) == {"a": 0.0, "b": 0.0}
+    # counted as before without titles: the name's own 5-grams are held by both
+    plain = sibling_share({"ch": {"a": a, "b": b}})
+    assert plain["a"] > 0.0 and plain["b"] > 0.0
+    # a run stops at the name: no 5-gram spans it, and the words on either side still make theirs
+    assert grams(f"one two three four five {NAMED} six seven eight nine ten", title_words(titles)) == {
+        ("one", "two", "three", "four", "five"), ("six", "seven", "eight", "nine", "ten")}
+
+
+def test_shared_prose_around_a_name_still_counts():
+    shared = f"{SHARED} {NAMED} {SHARED}"
+    shares = sibling_share({"ch": {"a": f"{CACHE} {shared}", "b": f"{QUEUE} {shared}"}}, [NAMED])
+    assert 0.0 < shares["a"] < 1.0 and 0.0 < shares["b"] < 1.0
+    # exactly SHARED's own 5-grams (it appears twice in each: once counted)
+    names = title_words([NAMED])
+    assert shares["a"] == pytest.approx(len(grams(SHARED)) / len(grams(f"{CACHE} {shared}", names)))
+
+
+def test_short_titles_are_prose_and_names_match_whole_words_case_blind():
+    assert title_words(["Testing", "Best Practices", NAMED, NAMED.upper(), ""]) == (
+        ("the", "danube", "s", "role", "in", "climate", "change"),)
+    assert NAME_WORDS == 3
+    # "Best Practices" is not set apart: identical prose around it stays shared
+    text = "Follow best practices when you write the tests for every module"
+    assert sibling_share({"ch": {"a": text, "b": text}}, ["Best Practices"]) == {"a": 1.0, "b": 1.0}
+    # a name matches whole words only: "in climate changes" is not the title's "in climate change"
+    names = title_words(["role in climate change"])
+    assert grams("their role in climate changes quickly", names) == {
+        ("their", "role", "in", "climate", "changes"), ("role", "in", "climate", "changes", "quickly")}
+    # the longest name wins where two start at one word
+    names = title_words(["data cleaning steps", "data cleaning steps in pandas"])
+    assert grams("a b c d data cleaning steps in pandas e f g h i", names) == {("e", "f", "g", "h", "i")}
