@@ -57,8 +57,30 @@ def filler_titles(own: str) -> list[str]:
     return made + [f"More on {t}: Topic {k}" for k in range(len(FILLER_ANGLES) + 1, 257)]
 
 
+# Where a rambling title is cut: a dash, colon, semicolon or comma, or an opening bracket, after which the model went on
+# describing or listing ("Design Patterns (DP) - A book that provides information on ...", "Fundamentals, 1. Cloud
+# Computing, 2. ..."); the words before the first of them (keeping MIN_CUT_WORDS) are the title.
+_SEPARATOR = re.compile(r"\s[-–—]\s|[:;,]\s|\s\(")
+# Words a title does not end on: where the word limit cut a sentence, these are left dangling ("... information on").
+_DANGLING = frozenset("a an the and or of for in on to with about by at from as into that which who when where how "
+                      "is are was were be its their your our this these".split())
+MIN_CUT_WORDS = 3  # the words a cut at a separator keeps at least ("Chapter 3: ..." is no title of its own)
+
+
 def shorten(title: str) -> str:
-    words = title.split()[:MAX_TITLE_WORDS]
+    """A title within the quality checker's :data:`MAX_TITLE_WORDS` words and :data:`MAX_TITLE_CHARS` characters; one
+    within both is returned with its spaces made single. Over the word limit, it is cut at the first separator
+    (:data:`_SEPARATOR`) within the limit that keeps at least :data:`MIN_CUT_WORDS` words, else at the limit, and then
+    loses the function words it would end on; over the character limit, it is cut with an ellipsis. A cut title goes
+    through the title gate like any other (a cut back to its parent's title is a copy of it, and is refused there)."""
+    words = title.split()
+    if len(words) > MAX_TITLE_WORDS:
+        head = " ".join(words[:MAX_TITLE_WORDS])
+        cuts = [m.start() for m in _SEPARATOR.finditer(head) if len(head[: m.start()].split()) >= MIN_CUT_WORDS]
+        kept = (head[: cuts[0]] if cuts else head).split()
+        while len(kept) > 1 and kept[-1].lower().strip(".,;:!?") in _DANGLING:
+            kept.pop()
+        kept[-1] = kept[-1].rstrip(",;:-–—") or kept[-1]
+        words = kept
     out = " ".join(words)
     return out if len(out) <= MAX_TITLE_CHARS else out[: MAX_TITLE_CHARS - 1].rstrip() + "…"
-

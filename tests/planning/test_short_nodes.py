@@ -15,7 +15,7 @@ from orchestrator import Settings, generate
 from orchestrator.book.checks import MAX_TITLE_WORDS, title_debris
 from orchestrator.book.checks import norm_title as norm
 from orchestrator.planning import parse_titles
-from orchestrator.planning.made import filler_titles
+from orchestrator.planning.made import filler_titles, shorten
 from orchestrator.planning.titles import weak_title
 
 CHATTER = "I'm glad you're excited about these new Python features! Let me know if you would like anything else."
@@ -120,3 +120,21 @@ def test_with_a_title_of_its_own_a_node_takes_fillers_rather_than_debris_or_a_co
     got = parse_titles('1. Version Control\n2. {"items": [\n3. Section 3', 3, False, avoid=avoid, strict=False,
                        own=own)
     assert got.filled == 3 and list(got.items) == filler_titles(own)[:3]
+
+
+def test_a_rambling_title_is_cut_where_its_description_starts():
+    # cut at the first separator within the word limit that keeps three words: the model's description after it goes
+    long = "Design Patterns: No Entry (DnN) - A book that provides information on every pattern there is"
+    assert shorten(long) == "Design Patterns: No Entry"
+    assert shorten("Testing Web Apps: A Guide to Fast, Reliable, Repeatable Tests for Teams That Ship Daily") == (
+        "Testing Web Apps")
+    # no separator keeping three words: cut at the limit, without the function words it would end on
+    assert shorten("Chapter 3: Understanding how data flows through a pipeline when the input is large and "
+                   "unbounded") == "Chapter 3: Understanding how data flows through a pipeline when the input"
+    cut = shorten(" ".join(f"w{i}" for i in range(30)))
+    assert cut.split() == [f"w{i}" for i in range(MAX_TITLE_WORDS)]
+    # within the limit: as it is, spaces made single, trailing punctuation kept
+    assert shorten("Testing  Web Apps:") == "Testing Web Apps:"
+    # a cut back to the parent's title is a copy of it: the title gate refuses it
+    assert weak_title(shorten(long), frozenset({norm("Design Patterns: No Entry (DnN)")})) is not None
+    assert weak_title(shorten(long), frozenset({norm("Design Patterns: No Entry")})) is not None
