@@ -20,7 +20,7 @@ and counted from what each run left (outline.json, defects.json, stats.json):
     near-dup pairs     pairs of sections whose text largely repeats (defects.json near_duplicate_sections)
     5-gram share       the mean share of a section's word 5-grams that another section of its chapter holds
                        (book/overlap.py; defects.json sibling_overlap): a title of the book named in the prose is a
-                       name, which no 5-gram spans; in brackets every 5-gram counted (its with_titles)
+                       name, which no 5-gram spans; in brackets every 5-gram counted (its every_gram)
     python broken      Python blocks that still do not parse, of those checked (``ast``)
     titles made        outline titles the planner made because the model's replies left a part or chapter short
                        (planning/made.filler_titles; counted from the job's warnings)
@@ -90,7 +90,7 @@ def measure(out: Path) -> dict:
         "near_duplicates": defects["near_duplicate_sections"]["count"],
         "rewritten": defects["near_duplicate_sections"].get("repaired", 0),
         "five_gram_share": defects["sibling_overlap"]["mean"],
-        "five_gram_share_all": defects["sibling_overlap"].get("with_titles", defects["sibling_overlap"])["mean"],
+        "five_gram_share_all": defects["sibling_overlap"].get("every_gram", defects["sibling_overlap"])["mean"],
         "python_checked": py_checked or 0,
         "python_broken": py_broken or 0,
         "code_repaired": sum((code.get("repaired") or {}).values()),
@@ -131,7 +131,7 @@ def excerpts(out: Path, limit: int) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share | "
+    head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share (every 5-gram) | "
             "python broken / checked (repaired) | requests | whole job s | vs none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = {r["prompt"]: r for r in rows if r["way"] == "none"}

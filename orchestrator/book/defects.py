@@ -45,7 +45,7 @@ from typing import Any
 
 from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
-from .overlap import share_summary, sibling_share
+from .overlap import share_summary, sibling_shares
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -177,7 +177,7 @@ def _repeated_titles(book: Book) -> dict[str, Any]:
 
 
 def _sibling_overlap(written: list[SectionText], book: Book) -> dict[str, Any]:
-    """The summary of the shares with the book's titles as names (overlap.py), and ``with_titles``: every 5-gram
+    """The summary of the shares with the book's titles as names (overlap.py), and ``every_gram``: every 5-gram
     counted, as before names were set apart."""
     chapters: dict[str, dict[str, str]] = defaultdict(dict)
     for s in written:
@@ -185,9 +185,10 @@ def _sibling_overlap(written: list[SectionText], book: Book) -> dict[str, Any]:
     o = book.outline
     titles = [o.title, *(p.title for p in o.parts), *(c.title for p in o.parts for c in p.chapters),
               *(t for p in o.parts for c in p.chapters for t in c.sections), *(s.title for s in written)]
-    out: dict[str, Any] = dict(share_summary(sibling_share(chapters, titles)))
-    plain = share_summary(sibling_share(chapters))
-    out["with_titles"] = {k: plain[k] for k in ("mean", "p90", "max")}
+    named, every = sibling_shares(chapters, titles)
+    out: dict[str, Any] = dict(share_summary(named))
+    plain = share_summary(every)
+    out["every_gram"] = {k: plain[k] for k in ("mean", "p90", "max")}
     return out
 
 
@@ -305,8 +306,8 @@ def _share(count: int, of: int) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _with_titles(overlap: dict[str, Any]) -> str:
-    plain = overlap.get("with_titles")
+def _every_gram(overlap: dict[str, Any]) -> str:
+    plain = overlap.get("every_gram")
     return f"; every 5-gram counted: mean {plain['mean']:.1%}" if plain else ""
 
 
@@ -356,7 +357,7 @@ def _markdown(d: Defects, worst: int) -> str:
         ("repeated titles (book, parts, chapters, sections)", f"{d.repeated_titles['count']:,}"),
         ("word 5-grams a section shares with its chapter (titles it names set apart)",
          (f"mean {d.sibling_overlap['mean']:.1%}, p90 {d.sibling_overlap['p90']:.1%}, max "
-          f"{d.sibling_overlap['max']:.1%}" + _with_titles(d.sibling_overlap))),
+          f"{d.sibling_overlap['max']:.1%}" + _every_gram(d.sibling_overlap))),
         ("words", f"{w['total']:,} in all; per section mean {w['mean']:,}, min {w['min']:,}, max {w['max']:,}"),
     ]
     out = ["# Defect report", "", "| defect | count |", "|---|---|"]

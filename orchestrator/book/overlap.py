@@ -8,16 +8,20 @@ section by its own request, none seeing the others) is prone to.
 - Words: ``\\w+`` tokens of the lower-cased text outside fenced code (:func:`.fences.fenced_blocks`, the fence
   lines included) and outside ATX headings (``#`` to ``######`` at the margin; a setext heading's words count).
   A 5-gram never spans a dropped line: the prose between two code blocks or headings is a run of its own.
-- Titles (``titles``: the book's own, of every level, as the outline holds them) of at least :data:`NAME_WORDS` words
-  are names, not prose: where a run's words spell one out, the run stops there too, so "as *The Danube's Role in
-  Climate Change* shows" shares nothing with the section of that title nor with another that names it. A section
-  that points to a sibling by its title knows the sibling (what ``--context outline`` asks for); it does not repeat
-  it. Shorter titles ("Testing", "Best Practices") are left in: they are the words prose uses anyway. Without
-  ``titles`` every 5-gram counts; ``defects.json`` gives both (``sibling_overlap`` and its ``with_titles``).
+- Titles (``titles``: the book's own, of every level, as the outline holds them) of at least :data:`NAME_WORDS`
+  whitespace-separated words are names, not prose: where a run's words spell one out, the run stops there too.
+  That applies to any title of the book, the section's own, its chapter's and its siblings' among them, so "as *The
+  Danube's Role in Climate Change* shows" shares nothing with the section of that title nor with another that names
+  it, and two sections restating the same title share nothing by it. A section that points to a sibling by its
+  title knows the sibling (what ``--context outline`` asks for); it does not repeat it. Shorter titles ("Testing",
+  "Best Practices") are left in: they are the words prose uses anyway. Without ``titles`` every 5-gram counts;
+  ``defects.json`` gives both (``sibling_overlap``, and its ``every_gram``).
 - A section with no 5-gram (fewer than 5 words in every run) has share 0.0, as has a chapter's only section; both
   are counted in the summary.
-- Cost: linear in the text. Each chapter is one pass: every section's distinct 5-grams, a Counter of how many of
-  the chapter's sections hold each, then a section's share is the part of its 5-grams held more than once.
+- Cost: linear in the text (times, at a word some name starts with, the number of distinct name lengths), plus
+  indexing the titles once. Each chapter is one pass: every section's distinct 5-grams (with names set apart and
+  without), a Counter of how many of the chapter's sections hold each, then a section's share is the part of its
+  5-grams held more than once.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from .fences import fenced_blocks
 
-__all__ = ["GRAM", "NAME_WORDS", "grams", "share_summary", "sibling_share", "title_words"]
+__all__ = ["GRAM", "NAME_WORDS", "Names", "grams", "share_summary", "sibling_share", "sibling_shares", "title_words"]
 
 GRAM = 5  # words a gram
 NAME_WORDS = 3  # a title of this many words or more is a name a run stops at
@@ -56,57 +61,101 @@ def _prose_runs(text: str) -> Iterator[list[str]]:
         yield run
 
 
-def title_words(titles: Iterable[str]) -> tuple[tuple[str, ...], ...]:
-    """The titles a run stops at, as lower-cased word sequences: those of at least :data:`NAME_WORDS` words, each
-    once, longest first."""
-    seqs = {tuple(_WORD.findall(t.lower())) for t in titles}
-    return tuple(sorted((q for q in seqs if len(q) >= NAME_WORDS), key=lambda q: (-len(q), q)))
+@dataclass(frozen=True)
+class Names:
+    """The titles a run stops at (:func:`title_words`), indexed once for the whole book: a name is looked for only at a
+    word some name starts with, one set lookup per distinct name length, the longest first."""
+
+    seqs: tuple[tuple[str, ...], ...]  # lower-cased word sequences, longest first
+    by_len: Mapping[int, frozenset[tuple[str, ...]]]
+    firsts: frozenset[str]
+
+    def match(self, keys: list[str], i: int) -> int:
+        """The length of the longest name spelled out from ``keys[i]`` on, 0 for none."""
+        if keys[i] not in self.firsts:
+            return 0
+        for n, seqs in self.by_len.items():  # longest first
+            if i + n <= len(keys) and tuple(keys[i:i + n]) in seqs:
+                return n
+        return 0
 
 
-def _unnamed(words: list[str], names: tuple[tuple[str, ...], ...]) -> Iterator[list[str]]:
-    """``words`` split where a name of ``names`` is spelled out, the names' words dropped. A name is looked for
-    from each word it may start at (its first word indexes it), so a run costs its length times the names sharing
-    a first word."""
-    if not names:
+def title_words(titles: Iterable[str]) -> Names:
+    """The titles a run stops at: those of at least :data:`NAME_WORDS` words (whitespace-separated, so "What's Next"
+    and "Step-by-Step" are short titles and stay prose), as lower-cased ``\\w+`` sequences, each once."""
+    seqs = {tuple(w.strip("_") for w in _WORD.findall(t.lower())) for t in titles if len(t.split()) >= NAME_WORDS}
+    ordered = tuple(sorted((q for q in seqs if q), key=lambda q: (-len(q), q)))
+    by_len: dict[int, set[tuple[str, ...]]] = {}
+    for q in ordered:
+        by_len.setdefault(len(q), set()).add(q)
+    return Names(ordered, {n: frozenset(v) for n, v in by_len.items()}, frozenset(q[0] for q in ordered))
+
+
+_NO_NAMES = title_words(())
+
+
+def _unnamed(words: list[str], names: Names) -> Iterator[list[str]]:
+    """``words`` split where a name of ``names`` is spelled out, the name's words dropped. Scanning left to right, the
+    longest name starting at a word wins, and a name found first is not cut for one that overlaps it from a later
+    word. Matching ignores ``_`` around a word (``_The Danube's Role_`` names the title as ``*...*`` does). Cost: the
+    run's length times, at a word some name starts with, the number of distinct name lengths."""
+    if not names.seqs:
         yield words
         return
-    by_first: dict[str, list[tuple[str, ...]]] = {}
-    for q in names:
-        by_first.setdefault(q[0], []).append(q)
+    keys = [w.strip("_") for w in words]
     start = i = 0
     while i < len(words):
-        hit = next((q for q in by_first.get(words[i], ()) if tuple(words[i:i + len(q)]) == q), None)
-        if hit is None:
+        n = names.match(keys, i)
+        if not n:
             i += 1
             continue
         yield words[start:i]
-        i = start = i + len(hit)
+        i = start = i + n
     yield words[start:]
 
 
-def grams(text: str, names: tuple[tuple[str, ...], ...] = ()) -> set[_Gram]:
-    """The distinct word 5-grams of ``text``'s prose (module docstring); ``names``: :func:`title_words`."""
-    out: set[_Gram] = set()
+def _gram_sets(text: str, names: Names) -> tuple[set[_Gram], set[_Gram]]:
+    """``text``'s distinct 5-grams with ``names`` set apart, and with every 5-gram counted: one pass over its words."""
+    named: set[_Gram] = set()
+    every: set[_Gram] = set()
     for run in _prose_runs(text):
-        for words in _unnamed(_WORD.findall("\n".join(run).lower()), names):
-            out.update(zip(*(words[k:] for k in range(GRAM))))
-    return out
+        words = _WORD.findall("\n".join(run).lower())
+        every.update(zip(*(words[k:] for k in range(GRAM))))
+        if names.seqs:
+            for part in _unnamed(words, names):
+                named.update(zip(*(part[k:] for k in range(GRAM))))
+    return (named if names.seqs else every), every
+
+
+def grams(text: str, names: Names = _NO_NAMES) -> set[_Gram]:
+    """The distinct word 5-grams of ``text``'s prose (module docstring); ``names``: :func:`title_words`."""
+    return _gram_sets(text, names)[0]
+
+
+def sibling_shares(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[str] = ()
+                   ) -> tuple[dict[str, float], dict[str, float]]:
+    """Section path -> the share of its distinct 5-grams that some sibling also holds, with the book's ``titles`` set
+    apart as names (module docstring), and the same with every 5-gram counted; one pass over the text.
+    ``chapters``: chapter key -> {section path -> text}; section paths are unique across the book (a path in two
+    chapters is a ValueError)."""
+    names = title_words(titles)
+    named: dict[str, float] = {}
+    every: dict[str, float] = {}
+    for sections in chapters.values():
+        held = {path: _gram_sets(text, names) for path, text in sections.items()}
+        for k, out in enumerate((named, every)):
+            holders = Counter(g for sets in held.values() for g in sets[k])
+            for path, sets in held.items():
+                if path in out:
+                    raise ValueError(f"section path {path!r} is in more than one chapter")
+                own = sets[k]
+                out[path] = sum(holders[g] > 1 for g in own) / len(own) if own else 0.0
+    return named, every
 
 
 def sibling_share(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[str] = ()) -> dict[str, float]:
-    """Section path -> the share of its distinct 5-grams that some sibling also holds. ``chapters``: chapter key ->
-    {section path -> text}; section paths are unique across the book (a path in two chapters is a ValueError).
-    ``titles``: the book's titles, whose spelled-out names no 5-gram spans (module docstring)."""
-    names = title_words(titles)
-    shares: dict[str, float] = {}
-    for sections in chapters.values():
-        held = {path: grams(text, names) for path, text in sections.items()}
-        holders = Counter(g for own in held.values() for g in own)
-        for path, own in held.items():
-            if path in shares:
-                raise ValueError(f"section path {path!r} is in more than one chapter")
-            shares[path] = sum(holders[g] > 1 for g in own) / len(own) if own else 0.0
-    return shares
+    """The first of :func:`sibling_shares`: the shares with ``titles`` set apart (every 5-gram counted without)."""
+    return sibling_shares(chapters, titles)[0]
 
 
 def share_summary(shares: Mapping[str, float]) -> dict[str, float | int]:

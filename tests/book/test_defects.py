@@ -129,7 +129,7 @@ def test_crafted_book_counts():
     ov = j["sibling_overlap"]
     assert ov["sections"] == exp["of"] and ov["max"] > 0.9 and 0 < ov["mean"] < ov["p90"] <= ov["max"] <= 1
     # the crafted texts name no title of three words or more: set apart or not, the same 5-grams count
-    assert ov["with_titles"] == {k: ov[k] for k in ("mean", "p90", "max")}
+    assert ov["every_gram"] == {k: ov[k] for k in ("mean", "p90", "max")}
     assert j["duplicate_section_titles"]["sections"] == exp["duplicate_sections"]
     top = j["duplicate_section_titles"]["titles"][0]
     assert top["count"] == 3 and top["paths"] == ["1.1.1", "1.1.2", "1.1.3"]
@@ -295,4 +295,4 @@ def test_repeated_titles_count_every_level_of_the_outline():
     assert rt["count"] == 4 and by_title == {"Testing": ["", "1.1"], "Basics": ["1", "1.1.2"],
                                              "Tools": ["1.2", "2.1"], "Mocks": ["1.1.1", "1.2.1"]}
     assert find_defects(book).to_json()["sibling_overlap"] == {"mean": 0.0, "p90": 0.0, "max": 0.0, "sections": 0,
-                                                               "with_titles": {"mean": 0.0, "p90": 0.0, "max": 0.0}}
+                                                               "every_gram": {"mean": 0.0, "p90": 0.0, "max": 0.0}}

@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from orchestrator.book.overlap import GRAM, NAME_WORDS, grams, share_summary, sibling_share, title_words
+from orchestrator.book.overlap import (
+    GRAM,
+    NAME_WORDS,
+    grams,
+    share_summary,
+    sibling_share,
+    sibling_shares,
+    title_words,
+)
 
 CACHE = ("A cache keeps recently used results close to the code that needs them, so that a repeated request "
          "is answered without the slow trip to the database behind it.")
@@ -172,7 +180,7 @@ def test_shared_prose_around_a_name_still_counts():
 
 
 def test_short_titles_are_prose_and_names_match_whole_words_case_blind():
-    assert title_words(["Testing", "Best Practices", NAMED, NAMED.upper(), ""]) == (
+    assert title_words(["Testing", "Best Practices", "What's Next", "Step-by-Step", NAMED, NAMED.upper(), ""]).seqs == (
         ("the", "danube", "s", "role", "in", "climate", "change"),)
     assert NAME_WORDS == 3
     # "Best Practices" is not set apart: identical prose around it stays shared
@@ -185,3 +193,23 @@ def test_short_titles_are_prose_and_names_match_whole_words_case_blind():
     # the longest name wins where two start at one word
     names = title_words(["data cleaning steps", "data cleaning steps in pandas"])
     assert grams("a b c d data cleaning steps in pandas e f g h i", names) == {("e", "f", "g", "h", "i")}
+
+
+def test_names_in_underscore_emphasis_and_overlapping_names():
+    names = title_words([NAMED])
+    assert grams(f"one two three four five _{NAMED}_ six seven", names) == {("one", "two", "three", "four", "five")}
+    # scanning left to right, a name found first stands; an overlapping one from a later word is not cut out
+    names = title_words(["alpha beta gamma", "beta gamma delta epsilon zeta"])
+    assert grams("x alpha beta gamma delta epsilon zeta eta theta", names) == {
+        ("delta", "epsilon", "zeta", "eta", "theta")}
+
+
+def test_both_shares_come_from_one_pass_and_agree_without_titles():
+    a = f"{CACHE} As {NAMED} shows, rivers store carbon."
+    b = f"{QUEUE} Read {NAMED} for the river's part."
+    named, every = sibling_shares({"ch": {"a": a, "b": b}}, [NAMED])
+    assert named == {"a": 0.0, "b": 0.0} and every == sibling_share({"ch": {"a": a, "b": b}})
+    assert every["a"] > 0.0
+    assert sibling_shares({"ch": {"a": a, "b": b}}) == (every, every)
+    with pytest.raises(ValueError, match="more than one chapter"):
+        sibling_shares({"c1": {"a": a}, "c2": {"a": b}}, [NAMED])
