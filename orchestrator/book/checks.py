@@ -205,6 +205,7 @@ _DATE = re.compile(r"\b\d{4}-\d{1,2}-\d{1,3}\b|\b\d{1,2}:\d{2}(?::\d{2})?\b|\b\d
 _DOCUMENT = re.compile(r"\.(?:pdf|docx?|epub|txt|odt|rtf)\b", re.I)
 # A whole title that is a data or document file; not source or configuration files, which are topics of their own
 # ("pyproject.toml", "setup.py", "Node.js").
+_URL = re.compile(r"\b(?:https?|ftp)://|\bwww\.\w", re.I)  # "Use color effectively (https://...)" (SmolLM2-135M)
 _FILE_NAME = re.compile(r"^[\w.-]+\.(?:md|json|csv|html?|xml|png|jpe?g|gif|svg|zip|gz|tar|log)$", re.I)
 _LETTER = re.compile(r"[^\W\d_]")
 
@@ -220,7 +221,7 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
     ``ancestors`` are the titles above it (the book's, its part's, its chapter's); ``siblings`` the titles before
     it under the same parent, in reading order. Debris: prompt words echoed back ("Title: ...", "items", "JSON",
     "in reading order"), markup and JSON fragments, numbering ("5.5", "Handbook. 6.3", "(2)"), dates and
-    timestamps, file names ("book.pdf"), a copy of an ancestor's title, a line of more than 12 words, a
+    timestamps, file names ("book.pdf"), web addresses, a copy of an ancestor's title, a line of more than 12 words, a
     placeholder ("Section 3"), a title with no letter, and a repeat of an earlier sibling. Titles that merely
     contain digits, slashes or a version ("HTTP/2 and gRPC", "Python 3.12 Features", "The 12-Factor App") pass.
 
@@ -236,6 +237,7 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
         (n in _PROMPT_ECHOES or bool(_PROMPT_PHRASES.search(t)) or bool(_LABEL.match(t)), "prompt words echoed"),
         (bool(_MARKUP.search(t)), "markup or JSON fragment"),
         (bool(_DOCUMENT.search(t) or _FILE_NAME.match(t)), "a file name"),
+        (bool(_URL.search(t)), "a web address"),
         (bool(_PLACEHOLDER.match(t)), "a placeholder"),
         (len(t.split()) > MAX_TITLE_WORDS, f"over {MAX_TITLE_WORDS} words"),
         (t.endswith((":", ",", ";")) or t.startswith((":", ",", ";")), "a fragment"),

@@ -289,13 +289,16 @@ DEBRIS = [  # (title, why it is debris)
     ("**Testing**", "markup"), ("# Testing", "markup"), ("<b>Testing</b>", "markup"),
     ("Here are the section titles:", "a fragment"), ("Software Engineering Handbook", "a copy"),
     ("Notes from 12:30", "a date"),
+    ("Use color effectively (https://www.codyandbrian.com/data-visualization)", "a web address"),
+    ("See www.example.org for Charts", "a web address"),
     ("A title that goes on and on for far more words than any heading in a book ever should", "over 12 words"),
 ]
 
 TITLES = ["Version Control", "Branching Strategies", "Unit Testing with pytest", "CI/CD Pipelines", "Big-O Notation",
           "HTTP/2 and gRPC", "The 12-Factor App", "Python 3.12 Features", "10 Habits of Effective Reviewers",
           "Configuring pyproject.toml", "Node.js Event Loops", "C# for Java Developers", "Parsing JSON Safely",
-          ".NET Dependency Injection", "Understanding __init__ and __new__", "Request -> Response Flow", "Markdown"]
+          ".NET Dependency Injection", "Understanding __init__ and __new__", "Request -> Response Flow", "Markdown",
+          "HTTP Caching with ETags", "The World Wide Web"]
 
 
 @pytest.mark.parametrize(("title", "why"), DEBRIS)
