@@ -45,7 +45,7 @@ from typing import Any
 
 from .assemble import Book, SectionText, count_words, section_body
 from .checks import norm_title
-from .overlap import share_summary, sibling_shares
+from .overlap import overlap_line, overlap_report
 from .textscan import (
     NEAR_DUPLICATE_CONTAINMENT,
     NEAR_DUPLICATE_JACCARD,
@@ -177,19 +177,13 @@ def _repeated_titles(book: Book) -> dict[str, Any]:
 
 
 def _sibling_overlap(written: list[SectionText], book: Book) -> dict[str, Any]:
-    """The summary of the shares with the book's titles as names (overlap.py), and ``every_gram``: every 5-gram
-    counted, as before names were set apart."""
     chapters: dict[str, dict[str, str]] = defaultdict(dict)
     for s in written:
         chapters[s.path.rsplit(".", 1)[0]][s.path] = s.text
     o = book.outline
     titles = [o.title, *(p.title for p in o.parts), *(c.title for p in o.parts for c in p.chapters),
-              *(t for p in o.parts for c in p.chapters for t in c.sections), *(s.title for s in written)]
-    named, every = sibling_shares(chapters, titles)
-    out: dict[str, Any] = dict(share_summary(named))
-    plain = share_summary(every)
-    out["every_gram"] = {k: plain[k] for k in ("mean", "p90", "max")}
-    return out
+              *(t for p in o.parts for c in p.chapters for t in c.sections)]
+    return overlap_report(chapters, titles)
 
 
 def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:
@@ -306,11 +300,6 @@ def _share(count: int, of: int) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _every_gram(overlap: dict[str, Any]) -> str:
-    plain = overlap.get("every_gram")
-    return f"; every 5-gram counted: mean {plain['mean']:.1%}" if plain else ""
-
-
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -356,8 +345,7 @@ def _markdown(d: Defects, worst: int) -> str:
          f"{d.word_salad['count']:,} sections; {d.word_salad['cut']:,} printed cut back before it"),
         ("repeated titles (book, parts, chapters, sections)", f"{d.repeated_titles['count']:,}"),
         ("word 5-grams a section shares with its chapter (titles it names set apart)",
-         (f"mean {d.sibling_overlap['mean']:.1%}, p90 {d.sibling_overlap['p90']:.1%}, max "
-          f"{d.sibling_overlap['max']:.1%}" + _every_gram(d.sibling_overlap))),
+         overlap_line(d.sibling_overlap)),
         ("words", f"{w['total']:,} in all; per section mean {w['mean']:,}, min {w['min']:,}, max {w['max']:,}"),
     ]
     out = ["# Defect report", "", "| defect | count |", "|---|---|"]

@@ -31,10 +31,12 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .fences import fenced_blocks
 
-__all__ = ["GRAM", "NAME_WORDS", "Names", "grams", "share_summary", "sibling_share", "sibling_shares", "title_words"]
+__all__ = ["GRAM", "NAME_WORDS", "Names", "grams", "overlap_line", "overlap_report", "share_summary", "sibling_share",
+           "sibling_shares", "title_words"]
 
 GRAM = 5  # words a gram
 NAME_WORDS = 3  # a title of this many words or more is a name a run stops at
@@ -172,3 +174,20 @@ def share_summary(shares: Mapping[str, float]) -> dict[str, float | int]:
         "max": round(values[-1], 4),
         "sections": n,
     }
+
+
+def overlap_report(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[str]) -> dict[str, Any]:
+    """``defects.json`` ``sibling_overlap``: the :func:`share_summary` of the shares with the book's ``titles`` set
+    apart as names, and ``every_gram``: its mean, p90 and max with every 5-gram counted (the measure before names)."""
+    named, every = sibling_shares(chapters, titles)
+    out: dict[str, Any] = dict(share_summary(named))
+    plain = share_summary(every)
+    out["every_gram"] = {k: plain[k] for k in ("mean", "p90", "max")}
+    return out
+
+
+def overlap_line(report: Mapping[str, Any]) -> str:
+    """``defects.md``'s words for an :func:`overlap_report`."""
+    line = f"mean {report['mean']:.1%}, p90 {report['p90']:.1%}, max {report['max']:.1%}"
+    plain = report.get("every_gram")
+    return line + (f"; every 5-gram counted: mean {plain['mean']:.1%}" if plain else "")

@@ -11,6 +11,8 @@ from orchestrator.book.overlap import (
     GRAM,
     NAME_WORDS,
     grams,
+    overlap_line,
+    overlap_report,
     share_summary,
     sibling_share,
     sibling_shares,
@@ -213,3 +215,13 @@ def test_both_shares_come_from_one_pass_and_agree_without_titles():
     assert sibling_shares({"ch": {"a": a, "b": b}}) == (every, every)
     with pytest.raises(ValueError, match="more than one chapter"):
         sibling_shares({"c1": {"a": a}, "c2": {"a": b}}, [NAMED])
+
+
+def test_overlap_report_and_its_line():
+    a = f"{CACHE} As {NAMED} shows, rivers store carbon."
+    b = f"{QUEUE} Read {NAMED} for the river's part."
+    report = overlap_report({"ch": {"a": a, "b": b}}, [NAMED])
+    assert report["mean"] == 0.0 and report["sections"] == 2 and report["every_gram"]["mean"] > 0.0
+    line = overlap_line(report)
+    assert line.startswith("mean 0.0%, p90 0.0%, max 0.0%; every 5-gram counted: mean ")
+    assert overlap_line({"mean": 0.25, "p90": 0.5, "max": 1.0}) == "mean 25.0%, p90 50.0%, max 100.0%"
