@@ -42,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 from orchestrator.book.checks import norm_title
+from orchestrator.core.outline import Outline
 
 PROMPTS = (
     "Write me a complete software engineering handbook",
@@ -79,10 +80,7 @@ def measure(out: Path) -> dict:
     py_broken = (code.get("still_broken") or {}).get("python")
     if py_checked is None:  # a run without repairs: its defects count Python blocks failing ast.parse
         py_checked, py_broken = code["python_syntax_errors"]["of"], code["python_syntax_errors"]["count"]
-    titles = [outline["title"]] + [p["title"] for p in outline["parts"]]
-    titles += [c["title"] for p in outline["parts"] for c in p["chapters"]]
-    titles += [s for p in outline["parts"] for c in p["chapters"] for s in c["sections"]]
-    norms = [norm_title(t) for t in titles]
+    norms = [norm_title(t) for _, t in Outline.from_json(outline).titles()]
     return {
         "sections": stats["sections"],
         "failed": stats["failed_sections"] + stats["empty_sections"],

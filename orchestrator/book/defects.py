@@ -162,15 +162,9 @@ def _duplicate_titles(sections: list[SectionText]) -> dict[str, Any]:
 
 
 def _repeated_titles(book: Book) -> dict[str, Any]:
-    o = book.outline
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)  # normal form -> (path, title)
-    groups[norm_title(o.title)].append(("", o.title))
-    for pi, part in enumerate(o.parts, 1):
-        groups[norm_title(part.title)].append((f"{pi}", part.title))
-        for ci, chapter in enumerate(part.chapters, 1):
-            groups[norm_title(chapter.title)].append((f"{pi}.{ci}", chapter.title))
-            for si, title in enumerate(chapter.sections, 1):
-                groups[norm_title(title)].append((f"{pi}.{ci}.{si}", title))
+    for path, title in book.outline.titles():
+        groups[norm_title(title)].append((path, title))
     dups = sorted((g for k, g in groups.items() if k and len(g) > 1), key=lambda g: (-len(g), norm_title(g[0][1])))
     return {"count": len(dups),
             "titles": [{"title": g[0][1], "count": len(g), "paths": [p for p, _ in g]} for g in dups][:LIST_LIMIT]}
@@ -180,10 +174,7 @@ def _sibling_overlap(written: list[SectionText], book: Book) -> dict[str, Any]:
     chapters: dict[str, dict[str, str]] = defaultdict(dict)
     for s in written:
         chapters[s.path.rsplit(".", 1)[0]][s.path] = s.text
-    o = book.outline
-    titles = [o.title, *(p.title for p in o.parts), *(c.title for p in o.parts for c in p.chapters),
-              *(t for p in o.parts for c in p.chapters for t in c.sections)]
-    return overlap_report(chapters, titles)
+    return overlap_report(chapters, (title for _, title in book.outline.titles()))
 
 
 def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:

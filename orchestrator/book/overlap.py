@@ -101,9 +101,6 @@ def _unnamed(words: list[str], names: Names) -> Iterator[list[str]]:
     longest name starting at a word wins, and a name found first is not cut for one that overlaps it from a later
     word. Matching ignores ``_`` around a word (``_The Danube's Role_`` names the title as ``*...*`` does). Cost: the
     run's length times, at a word some name starts with, the number of distinct name lengths."""
-    if not names.seqs:
-        yield words
-        return
     keys = [w.strip("_") for w in words]
     start = i = 0
     while i < len(words):
@@ -144,12 +141,12 @@ def sibling_shares(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[s
     named: dict[str, float] = {}
     every: dict[str, float] = {}
     for sections in chapters.values():
+        if (twice := next((path for path in sections if path in named), None)) is not None:
+            raise ValueError(f"section path {twice!r} is in more than one chapter")
         held = {path: _gram_sets(text, names) for path, text in sections.items()}
         for k, out in enumerate((named, every)):
             holders = Counter(g for sets in held.values() for g in sets[k])
             for path, sets in held.items():
-                if path in out:
-                    raise ValueError(f"section path {path!r} is in more than one chapter")
                 own = sets[k]
                 out[path] = sum(holders[g] > 1 for g in own) / len(own) if own else 0.0
     return named, every

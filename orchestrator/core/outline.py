@@ -59,6 +59,17 @@ class Outline:
         sections = sum(len(c.sections) for p in self.parts for c in p.chapters)
         return len(self.parts), chapters, sections
 
+    def titles(self) -> Iterator[tuple[str, str]]:
+        """(path, title) of every level, in reading order: the book's ("" its path), then each part's, chapter's and
+        section's ("1", "1.2", "1.2.3")."""
+        yield "", self.title
+        for pi, part in enumerate(self.parts, 1):
+            yield f"{pi}", part.title
+            for ci, chapter in enumerate(part.chapters, 1):
+                yield f"{pi}.{ci}", chapter.title
+                for si, title in enumerate(chapter.sections, 1):
+                    yield f"{pi}.{ci}.{si}", title
+
     def sections(self) -> Iterator[SectionRef]:
         """Every section in outline order, each with the book's brief, its part's chapter titles and its chapter's
         section titles (what a ``--context outline`` request carries)."""
