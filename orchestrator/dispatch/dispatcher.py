@@ -53,6 +53,7 @@ class _Node(Generic[T]):
     affinity: Hashable | None = None
     attempts: int = 0
     label: str = ""  # what its replies are recorded as in ``Dispatcher.replies``: its kind, or REASK
+    failed_on: BackendClient | None = None  # the backend its last attempt failed on: the retry avoids it
 
 
 class Dispatcher:
@@ -199,13 +200,14 @@ class Dispatcher:
         node.attempts += 1
         n = node.attempts
         kind, *order = node.priority
-        async with self.fleet.lease((kind, self.rank, *order), affinity=node.affinity) as client:
+        async with self.fleet.lease((kind, self.rank, *order), affinity=node.affinity, avoid=node.failed_on) as client:
             self.emit(NodeStarted(node.path, node.kind, node.title, client.url, n, time.monotonic()))
             # more than one reply when a structured request was refused and sent again in text (client.send)
             *refused, reply = await client.send(partial(self._body, node, client, n), attempt=n,
                                                 on_delta=node.on_delta)
             self.replies.extend((node.label, r) for r in refused)
             self.fleet.report(client, reply)
+        node.failed_on = None if reply.ok else client
         value = None
         if reply.ok and node.validate is not None:
             try:

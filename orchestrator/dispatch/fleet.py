@@ -126,6 +126,13 @@ class Fleet:
         loads = self.loads
         return self._queues.home_of(key, [x.in_flight for x in loads], [x.healthy for x in loads])
 
+    def _elsewhere(self, avoid: BackendClient) -> int | None:
+        """The least-loaded healthy backend with room other than ``avoid``, None when there is none."""
+        loads = self.loads
+        start = next(self._rr) % len(loads)
+        healthy = [x.healthy and x.client is not avoid for x in loads]
+        return pick_backend([x.in_flight for x in loads], [x.cap for x in loads], healthy, start)
+
     def _now(self, key: Hashable | None) -> int | None:
         """The backend a lease asked for while nothing waits gets at once: the key's home when it has room, else
         the least-loaded backend with room (a free slot elsewhere is never left idle for affinity's sake)."""
@@ -140,10 +147,21 @@ class Fleet:
         return i
 
     @asynccontextmanager
-    async def lease(self, priority: tuple[int, ...] = (1, 0), affinity: Hashable | None = None):
+    async def lease(self, priority: tuple[int, ...] = (1, 0), affinity: Hashable | None = None,
+                    avoid: BackendClient | None = None):
         """Hold one slot on some healthy backend for the duration of the block. ``affinity``: a key (a chapter)
-        whose requests prefer the backend that served the key first (dispatch/affinity.py)."""
-        i = None if len(self._queues) or self.stopped else self._now(affinity)
+        whose requests prefer the backend that served the key first (dispatch/affinity.py). ``avoid``: the backend
+        a retry's last attempt failed on; the retry goes to another healthy one with room when there is one, even
+        away from its key's home (a server's faults come in runs: the same card again is the likeliest to fail
+        again); when it must wait, it waits in the shared queue, not its home's, so that any backend's freed slot
+        may take it."""
+        if avoid is not None:
+            affinity = None
+        i = None
+        if not (len(self._queues) or self.stopped):
+            i = self._elsewhere(avoid) if avoid is not None else None
+            if i is None:
+                i = self._now(affinity)
         if i is not None:
             self._take(i)
         else:

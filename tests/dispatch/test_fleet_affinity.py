@@ -97,3 +97,58 @@ async def test_an_unhealthy_home_is_replaced():
     fleet.loads[home].healthy = False
     async with fleet.lease((1, 1), affinity="k") as second:
         assert second is not first
+
+
+async def test_a_retry_goes_to_another_backend_with_room_even_away_from_its_home():
+    fleet, _, _ = make_fleet([2, 2, 2])
+    async with fleet.lease((1, 0), affinity="k") as first:
+        pass
+    async with fleet.lease((1, 0), affinity="k") as again:
+        assert again is first  # the control: without ``avoid`` the key's home serves it
+    for _ in range(6):
+        async with fleet.lease((1, 0), affinity="k", avoid=first) as retry:
+            assert retry is not first
+
+
+async def test_a_retry_takes_the_failed_backend_when_it_alone_has_room_or_is_alone_healthy():
+    fleet, clients, _ = make_fleet([1, 1])
+    a, b = clients
+    async with fleet.lease((1, 0), avoid=a) as got:
+        assert got is b
+        async with fleet.lease((1, 1), avoid=a) as only:  # b is full: a free slot is never left idle
+            assert only is a
+    fleet.loads[1].healthy = False
+    async with fleet.lease((1, 2), avoid=a) as got:
+        assert got is a
+    assert fleet.in_flight == 0
+
+
+async def test_a_waiting_retry_takes_the_first_slot_freed_elsewhere_before_later_work_homed_there():
+    fleet, clients, _ = make_fleet([1, 1])
+    a, b = clients
+    got: dict[str, object] = {}
+    free_a, free_b, done = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def hold(label: str, prio: tuple[int, int], key: str, free: anyio.Event, avoid=None) -> None:
+        async with fleet.lease(prio, affinity=key, avoid=avoid) as c:
+            got[label] = c
+            await free.wait()
+
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold, "kA", (1, 0), "kA", free_a)  # homes kA on a, kB on b, and fills both
+            await anyio.sleep(0.01)
+            tg.start_soon(hold, "kB", (1, 0), "kB", free_b)
+            await anyio.sleep(0.01)
+            assert (got["kA"], got["kB"]) == (a, b)
+            tg.start_soon(hold, "retry", (1, 1), "kA", done, a)  # its last attempt failed on a, its key's home
+            tg.start_soon(hold, "later", (1, 9), "kB", done)
+            await anyio.sleep(0.01)
+            free_b.set()  # b's one slot: the retry, the older request, takes it rather than waiting for a
+            await anyio.sleep(0.01)
+            assert got.get("retry") is b and "later" not in got, got
+            free_a.set()
+            await anyio.sleep(0.01)
+            assert got["later"] is a  # a's freed slot: nothing homed there waits, so b's waiter takes it
+            done.set()
+    assert fleet.in_flight == 0
