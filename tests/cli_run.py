@@ -13,3 +13,12 @@ def handbook(*args: str, env: dict | None = None, timeout: float = 120) -> subpr
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
                           timeout=timeout, env=e, check=False)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
+    """The process exited with ``code`` and said why in exactly one 'handbook: error:' line, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("handbook: error:")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]

@@ -4,7 +4,8 @@ A request may name an *affinity key* (a chapter: its sections share the longest 
 automatic prefix caching computes once per card). The first request of a key gives the key a *home*: the backend
 with the least work homed on it, by cap; the key's later requests wait in that home's queue, so that a slot freed on
 a backend goes first to the requests whose prefix it already holds. Requests without a key (planning, or a job
-without context) wait in a shared queue, as before.
+without context) wait in a shared queue, as before, and so does a keyed retry (``Fleet.lease(avoid=)``: it is sent
+away from the card that failed it, and still counts in its key's shares).
 
 Three rules keep affinity from costing throughput or balance:
 

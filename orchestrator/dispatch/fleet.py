@@ -151,22 +151,25 @@ class Fleet:
                     avoid: BackendClient | None = None):
         """Hold one slot on some healthy backend for the duration of the block. ``affinity``: a key (a chapter)
         whose requests prefer the backend that served the key first (dispatch/affinity.py). ``avoid``: the backend
-        a retry's last attempt failed on; the retry goes to another healthy one with room when there is one, even
-        away from its key's home (a server's faults come in runs: the same card again is the likeliest to fail
-        again); when it must wait, it waits in the shared queue, not its home's, so that any backend's freed slot
-        may take it."""
-        if avoid is not None:
-            affinity = None
+        a retry's last attempt failed on. The retry goes to another healthy backend with room when there is one,
+        even away from its key's home: on a real fleet a card's failures are not independent (a card in trouble
+        fails the next request too), and the job's last sections retried on one card would stake every attempt on
+        it while another stands idle. Else it takes the failed card if that has room, and when it must wait it
+        waits in the shared queue, not its home's, where any backend's freed slot may take it. Either way it still
+        counts as its key's request in the homes' shares."""
         i = None
         if not (len(self._queues) or self.stopped):
             i = self._elsewhere(avoid) if avoid is not None else None
+            if i is not None and affinity is not None:
+                self._queues.served[i] += 1
             if i is None:
                 i = self._now(affinity)
         if i is not None:
             self._take(i)
         else:
             w = Waiter(priority, next(self._seq), anyio.Event(), affinity)
-            self._queues.push(w, None if affinity is None else self._home(affinity))
+            home = None if affinity is None or avoid is not None else self._home(affinity)
+            self._queues.push(w, home)
             try:
                 await w.event.wait()
             except BaseException:

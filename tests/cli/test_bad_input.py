@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_run import handbook
+from cli_run import handbook, one_line_error
 from fake_openai import FakeServer
 
 from orchestrator.core.osutil import free_port
@@ -21,15 +21,6 @@ from orchestrator.sim.launch import SimFleet
 SECRET = "sk-test-very-secret-key-0123456789abcdef"
 SMALL = ["--parts", "1", "--chapters", "2", "--sections", "2", "--words", "40", "--max-tokens", "60",
          "--format", "md", "-q"]
-
-
-def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
-    """The process exited with ``code`` and said why in exactly one 'handbook: error:' line, no traceback."""
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("handbook: error:")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
 
 
 @pytest.fixture(scope="module")

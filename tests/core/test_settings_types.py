@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from test_bad_input import handbook, one_line_error
+from cli_run import handbook, one_line_error
 
 from orchestrator.core.config import Backend, Settings, settings_from
 from orchestrator.core.errors import ConfigError

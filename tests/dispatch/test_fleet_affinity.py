@@ -108,6 +108,7 @@ async def test_a_retry_goes_to_another_backend_with_room_even_away_from_its_home
     for _ in range(6):
         async with fleet.lease((1, 0), affinity="k", avoid=first) as retry:
             assert retry is not first
+    assert sum(fleet._queues.served) == 8  # a retry sent away from home is still one of its key's requests
 
 
 async def test_a_retry_takes_the_failed_backend_when_it_alone_has_room_or_is_alone_healthy():
@@ -151,4 +152,4 @@ async def test_a_waiting_retry_takes_the_first_slot_freed_elsewhere_before_later
             await anyio.sleep(0.01)
             assert got["later"] is a  # a's freed slot: nothing homed there waits, so b's waiter takes it
             done.set()
-    assert fleet.in_flight == 0
+    assert fleet.in_flight == 0 and sum(fleet._queues.served) == 4
