@@ -81,10 +81,12 @@ class Fleet:
 
     # -- leases -------------------------------------------------------------------------------------------------
 
-    def _pick(self) -> int | None:
+    def _pick(self, avoid: BackendClient | None = None) -> int | None:
+        """The least-loaded healthy backend with room (other than ``avoid``), None when there is none."""
         loads = self.loads
         start = next(self._rr) % len(loads)
-        return pick_backend([x.in_flight for x in loads], [x.cap for x in loads], [x.healthy for x in loads], start)
+        healthy = [x.healthy and x.client is not avoid for x in loads]
+        return pick_backend([x.in_flight for x in loads], [x.cap for x in loads], healthy, start)
 
     def _take(self, i: int) -> None:
         load = self.loads[i]
@@ -126,22 +128,19 @@ class Fleet:
         loads = self.loads
         return self._queues.home_of(key, [x.in_flight for x in loads], [x.healthy for x in loads])
 
-    def _elsewhere(self, avoid: BackendClient) -> int | None:
-        """The least-loaded healthy backend with room other than ``avoid``, None when there is none."""
-        loads = self.loads
-        start = next(self._rr) % len(loads)
-        healthy = [x.healthy and x.client is not avoid for x in loads]
-        return pick_backend([x.in_flight for x in loads], [x.cap for x in loads], healthy, start)
-
-    def _now(self, key: Hashable | None) -> int | None:
+    def _now(self, key: Hashable | None, avoid: BackendClient | None = None) -> int | None:
         """The backend a lease asked for while nothing waits gets at once: the key's home when it has room, else
-        the least-loaded backend with room (a free slot elsewhere is never left idle for affinity's sake)."""
-        if key is not None:
+        the least-loaded backend with room (a free slot elsewhere is never left idle for affinity's sake). A retry
+        (``avoid``: the backend its last attempt failed on) skips the home and takes the least-loaded other backend
+        with room, else the failed one if that has room; it still counts as its key's request."""
+        if key is not None and avoid is None:
             home = self._home(key)
             if home is not None and self.loads[home].in_flight < self.loads[home].cap:
                 self._queues.served[home] += 1
                 return home
-        i = self._pick()
+        i = self._pick(avoid) if avoid is not None else None
+        if i is None:
+            i = self._pick()
         if i is not None and key is not None:
             self._queues.served[i] += 1
         return i
@@ -157,13 +156,7 @@ class Fleet:
         it while another stands idle. Else it takes the failed card if that has room, and when it must wait it
         waits in the shared queue, not its home's, where any backend's freed slot may take it. Either way it still
         counts as its key's request in the homes' shares."""
-        i = None
-        if not (len(self._queues) or self.stopped):
-            i = self._elsewhere(avoid) if avoid is not None else None
-            if i is not None and affinity is not None:
-                self._queues.served[i] += 1
-            if i is None:
-                i = self._now(affinity)
+        i = None if len(self._queues) or self.stopped else self._now(affinity, avoid)
         if i is not None:
             self._take(i)
         else:
