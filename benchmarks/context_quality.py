@@ -22,6 +22,8 @@ and counted from what each run left (outline.json, defects.json, stats.json):
                        (book/overlap.py; defects.json sibling_overlap): a title of the book named in the prose is a
                        name, which no 5-gram spans; in brackets every 5-gram counted (its every_gram)
     python broken      Python blocks that still do not parse, of those checked (``ast``)
+    talk               sections where the model talks to whoever asked ("I hope this helps!", "I made several changes
+                       to ..."; book/talk.py, defects.json assistant_talk), and the words of it: book.md leaves it out
     titles made        outline titles the planner made because the model's replies left a part or chapter short
                        (planning/made.filler_titles; counted from the job's warnings)
     whole job s        stats.json whole_job_s, and outline's against none's
@@ -92,6 +94,8 @@ def measure(out: Path) -> dict:
         "python_checked": py_checked or 0,
         "python_broken": py_broken or 0,
         "code_repaired": sum((code.get("repaired") or {}).values()),
+        "talk": defects.get("assistant_talk", {}).get("count", 0),
+        "talk_words": defects.get("assistant_talk", {}).get("words", 0),
         "requests": stats["requests"],
         "whole_job_s": stats["whole_job_s"],
         "brief": outline.get("brief", ""),
@@ -130,7 +134,7 @@ def excerpts(out: Path, limit: int) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share (every 5-gram) | "
-            "python broken / checked (repaired) | requests | whole job s | vs none |")
+            "python broken / checked (repaired) | talk (words) | requests | whole job s | vs none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = {r["prompt"]: r for r in rows if r["way"] == "none"}
     for r in rows:
@@ -141,7 +145,7 @@ def table(rows: list[dict]) -> str:
             f"{r['repeated_titles']} | "
             f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share']:.1%} ({r['five_gram_share_all']:.1%}) | "
             f"{r['python_broken']} / "
-            f"{r['python_checked']} ({r['code_repaired']}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
+            f"{r['python_checked']} ({r['code_repaired']}) | {r['talk']} ({r['talk_words']:,}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from .codecheck import CodeReport, check_code, mark_broken
 from .cutback import complete_part, cut_back
 from .fences import close_open_fence
 from .salad import salad_at
+from .talk import talk_spans, without_talk
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
 
@@ -83,6 +84,13 @@ class SectionText:
         ahead of it (:func:`.cutback.complete_part`); None when it has no salad, or none of those before it (salad
         from its first sentence: printed as written, and defects.json ``word_salad`` names it)."""
         return None if self.salad is None else complete_part(self.text[: self.salad])
+
+    @cached_property
+    def talk(self) -> tuple[tuple[int, int], ...]:
+        """:func:`.talk.talk_spans` of ``text``, computed once (with :attr:`body`, as the section lands): where the
+        model talks to whoever asked ("I hope this helps!", "I made several changes to ..."), which book.md leaves
+        out; () when it does not."""
+        return talk_spans(self.text)
 
     @cached_property
     def shingles(self) -> array[int]:
@@ -160,21 +168,30 @@ def section_body(s: SectionText) -> str:
 
 
 def _section_body(s: SectionText) -> str:
-    """A written section's text as book.md prints it under its ``####`` heading: cut back to its last complete
-    sentence when the token cap stopped it (so the book never stops mid-word), its own headings demoted, a code
-    fence left open closed. A section the model ended itself keeps every complete line, but loses a tail that is
-    no sentence (a run of hashtags, "[Insert Guide]", a bare link: what small models sign off with). Word salad
-    (a small model's prose that stopped reading as language) is cut off with the sentence it starts in. A code block
-    that does not parse as printed (Python, JSON, TOML, YAML: :mod:`.codecheck`) gets a note under it saying so."""
-    if s.salad_cut is not None:
-        text = s.salad_cut
-    elif s.finish_reason == "length":
-        text = cut_back(s.text)
+    """A written section's text as book.md prints it under its ``####`` heading: without the model's talk to whoever
+    asked for it (a lead-in, a sign-off: :mod:`.talk`), cut back to its last complete sentence when the token cap
+    stopped it (so the book never stops mid-word), its own headings demoted, a code fence left open closed. A section
+    the model ended itself keeps every complete line, but loses a tail that is no sentence (a run of hashtags,
+    "[Insert Guide]", a bare link: what small models sign off with). Word salad (a small model's prose that stopped
+    reading as language) is cut off with the sentence it starts in. A code block that does not parse as printed
+    (Python, JSON, TOML, YAML: :mod:`.codecheck`) gets a note under it saying so."""
+    text, salad_cut, ended = s.text, s.salad_cut, s.finish_reason != "length"
+    if s.talk:
+        # Talk is taken out first: a sign-off ends the section where the model stopped writing it (what the token cap
+        # cut is in the talk when the talk runs to the end), and salad is looked for in what is left.
+        text = without_talk(s.text, s.talk)
+        ended = ended or s.talk[-1][1] == len(s.text)
+        at = salad_at(text)
+        salad_cut = None if at is None else complete_part(text[:at])
+    if salad_cut is not None:
+        text = salad_cut
+    elif not ended:
+        text = cut_back(text)
     else:
         # Every line is complete (the model stopped), so only a tail that is no sentence goes; and only a tail: a
         # text that would lose more than half of itself (a reply that is all headings, say) is printed as written.
-        cut = cut_back(s.text.rstrip() + "\n").rstrip("\n")
-        text = cut if len(cut.strip()) >= 0.5 * len(s.text.strip()) else s.text
+        cut = cut_back(text.rstrip() + "\n").rstrip("\n")
+        text = cut if len(cut.strip()) >= 0.5 * len(text.strip()) else text
     # cut_back closes what it keeps; close_open_fence closes a text printed as written. The notes come from the
     # text as generated (a block the model never closed is cut code, with no error, whichever closed it for printing).
     return close_open_fence(mark_broken(demote_headings(text, drop_title=s.title), s.code.errors, s.text))

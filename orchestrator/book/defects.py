@@ -33,6 +33,9 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
   each with the paths that carry it ("" the book, "3" a part, "3.7" a chapter); ``count`` as for section titles.
 - word salad: written sections whose prose, as generated, stops reading as language (:func:`.salad.salad_at`), with
   where it starts; ``cut`` counts those book.md prints cut back before it.
+- assistant talk: written sections where the model, as generated, talks to whoever asked for the section (a sign-off,
+  an offer of more help, a report of the edits it made: :func:`.talk.talk_spans`), with ``words`` it holds and how
+  it opens; book.md prints each section without it.
 - sibling overlap: each written section's share of distinct word 5-grams of its prose that another section of its
   chapter also holds (:mod:`.overlap`), summarised (mean, p90, max, sections): how much a chapter repeats itself.
 """
@@ -79,6 +82,7 @@ class Defects:
     repeated_titles: dict[str, Any]
     sibling_overlap: dict[str, Any]
     word_salad: dict[str, Any]
+    assistant_talk: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +98,7 @@ class Defects:
             "repeated_titles": self.repeated_titles,
             "sibling_overlap": self.sibling_overlap,
             "word_salad": self.word_salad,
+            "assistant_talk": self.assistant_talk,
         }
 
     def to_markdown(self, worst: int = 10) -> str:
@@ -143,6 +148,7 @@ def find_defects(book: Book) -> Defects:
         repeated_titles=_repeated_titles(book),
         sibling_overlap=_sibling_overlap(written, book),
         word_salad=_word_salad(written),
+        assistant_talk=_talk(written),
     )
 
 
@@ -206,6 +212,21 @@ def _word_salad(written: list[SectionText]) -> dict[str, Any]:
             items.append(_ref(s, words_before=count_words(s.text[:at]), salad=_first_line(s.text[at:], 80),
                               cut=s.salad_cut is not None))
     return _listing(items, cut=sum(1 for it in items if it["cut"]))
+
+
+def _talk(written: list[SectionText]) -> dict[str, Any]:
+    """Sections whose text, as generated, talks to whoever asked for it (:func:`.talk.talk_spans`): how it opens, how
+    many words it holds, and whether it ends the section (``at``: "start", "end" or "both"); ``words``: all of them.
+    book.md prints every one without it."""
+    items = []
+    for s in written:
+        if spans := s.talk:
+            ends = spans[-1][1] == len(s.text)
+            at = ("both" if len(spans) > 1 else "end") if ends else "start"
+            first = spans[-1] if ends else spans[0]
+            items.append(_ref(s, talk=_first_line(s.text[first[0]:first[1]], 80), at=at,
+                              words=sum(count_words(s.text[a:b]) for a, b in spans)))
+    return _listing(items, words=sum(it["words"] for it in items))
 
 
 def _looping(written: list[SectionText]) -> dict[str, Any]:
@@ -334,6 +355,8 @@ def _markdown(d: Defects, worst: int) -> str:
         ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired"),
         ("word salad (prose that stopped reading as language)",
          f"{d.word_salad['count']:,} sections; {d.word_salad['cut']:,} printed cut back before it"),
+        ("assistant talk (a sign-off, a note on edits: left out of book.md)",
+         f"{d.assistant_talk['count']:,} sections, {d.assistant_talk['words']:,} words"),
         ("repeated titles (book, parts, chapters, sections)", f"{d.repeated_titles['count']:,}"),
         ("word 5-grams a section shares with its chapter (titles it names set apart)",
          overlap_line(d.sibling_overlap)),
@@ -369,6 +392,9 @@ def _markdown(d: Defects, worst: int) -> str:
     section_list("Word salad", d.word_salad["sections"], d.word_salad["count"],
                  lambda it: f"; turns to salad after {it['words_before']:,} words at {_quote(it['salad'])}"
                  + ("; printed cut back before it" if it["cut"] else "; printed as written"))
+    section_list("Assistant talk", d.assistant_talk["sections"], d.assistant_talk["count"],
+                 lambda it: f"; talks at the {it['at'] if it['at'] != 'both' else 'start and end'}, "
+                 f"{it['words']:,} words: {_quote(it['talk'])}")
     if lp["sections"]:
         shown = lp["sections"][:worst]
         out.extend(["", "## Looping sections" + (f" (first {len(shown)} of {lp['count']:,})"

@@ -17,6 +17,7 @@ DESIGN_KEYS = {
     "code_blocks", "near_duplicate_sections", "looping_sections", "words",
     "repeated_titles", "sibling_overlap",  # issue 28: titles of every level, and how much a chapter repeats itself
     "word_salad",  # prose that stopped reading as language (book/salad.py)
+    "assistant_talk",  # the model talking to whoever asked (book/talk.py)
 }
 
 _VOCAB = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "queue", "cache", "index", "schema", "retry", "token", "thread", "lock", "build", "test", "deploy"]

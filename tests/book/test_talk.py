@@ -1,0 +1,138 @@
+"""Assistant talk (book/talk.py): where a section stops being the section and the model talks to whoever asked for
+it; book.md printing the section without it, and defects.json naming it. The talk below is SmolLM2-135M's, from
+books written on the embedded engine (benchmarks/context_quality.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.book.assemble import SectionText, assemble, section_body
+from orchestrator.book.defects import find_defects
+from orchestrator.book.talk import LEAD_WORDS, talk_spans, without_talk
+from orchestrator.core.outline import Chapter, Outline, Part
+
+GOOD = ("A river's basin is the land that drains into it. Rain that falls anywhere in the basin reaches the river in "
+        "the end, through streams, soil or groundwater. That is why a river carries the history of its whole basin.")
+MORE = ("The Danube drains a basin of about 800,000 square kilometres, shared by nineteen countries. Its delta on the "
+        "Black Sea is one of the largest wetlands in Europe.")
+
+SIGN_OFFS = [
+    "I hope this helps! Let me know if you have any questions.",
+    "I hope this explanation gives you enough information to understand the DNP.",
+    "Let me know if you need anything else.",
+    "Please let me know if you would like any further details regarding this topic.",
+    "If you have any questions, feel free to ask!",
+    "Feel free to ask me anything! If you have questions or need help, just let me know.",
+    "P.S. Thank you to everyone who supports me on this journey.",
+    "Happy reading!",
+    "I made several changes to enhance clarity and coherence while keeping the original message intact.",
+    "I made some minor changes to improve the flow and readability of the text while maintaining its meaning.",
+    "I've added transitional phrases to improve the flow.",
+    "I also added a few examples to illustrate key concepts, making the content more engaging for readers.",
+    "**I hope this helps!**",
+]
+
+
+def _tail(text: str) -> str:
+    spans = talk_spans(text)
+    assert spans and spans[-1][1] == len(text), text
+    return text[spans[-1][0]:]
+
+
+@pytest.mark.parametrize("talk", SIGN_OFFS)
+def test_a_sign_off_after_the_section_is_cut_from_where_it_opens_to_the_end(talk):
+    text = f"{GOOD}\n\n{MORE}\n\n{talk}\n"
+    assert _tail(text).startswith(talk)
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}"
+
+
+def test_talk_within_the_last_paragraph_is_cut_from_its_sentence():
+    text = f"{GOOD}\n\n{MORE} I hope you enjoyed it. Hope to hear from you soon.\n"
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}"
+
+
+def test_everything_after_a_sign_off_goes_with_it():
+    junk = ("\n\n---\n\nHere's the edited text I made to meet the requirements of 250 words per paragraph:\n\n"
+            "1. Introduction\n2. First DBD\n\n```python\nprint('hello')\n```\n\n### Design Patterns: Behavior (DPB)\n")
+    text = f"{GOOD}\n\n{MORE}\n\nI hope this helps! Let me know if you have any other questions.{junk}"
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}"
+
+
+def test_a_short_lead_in_goes_alone_and_the_section_stays():
+    lead = "Here's a rewritten version with improved clarity and grammar:"
+    text = f"{lead}\n\n{GOOD}\n\n{MORE}\n"
+    spans = talk_spans(text)
+    assert len(spans) == 1 and text[slice(*spans[0])] == lead
+    assert without_talk(text, spans) == f"{GOOD}\n\n{MORE}"
+    # a heading the model opened with says nothing yet: the lead-in after it is still a lead-in
+    headed = f"## Cloud Computing\n\n{text}"
+    assert without_talk(headed, talk_spans(headed)) == f"## Cloud Computing\n\n{GOOD}\n\n{MORE}"
+    # a lead-in and a sign-off in one section: both go
+    both = f"{lead}\n\n{GOOD}\n\n{MORE}\n\nI hope this helps!"
+    assert len(talk_spans(both)) == 2 and without_talk(both, talk_spans(both)) == f"{GOOD}\n\n{MORE}"
+
+
+def test_a_long_first_paragraph_that_opens_with_talk_is_kept():
+    long_lead = "I made several changes to the text. " + " ".join(["The river runs to the sea."] * LEAD_WORDS)
+    text = f"{long_lead}\n\n{GOOD}\n"
+    assert talk_spans(text) == ()
+
+
+def test_an_opener_followed_by_most_of_the_section_is_the_sections_own_prose():
+    story = "I made several changes to the build. " + " ".join([MORE] * 4)
+    text = f"{GOOD}\n\n{story}\n"
+    assert talk_spans(text) == ()
+    # the same opener near the end is talk
+    assert talk_spans(f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{MORE}\n\nI made several changes to the text.") != ()
+
+
+@pytest.mark.parametrize("text", [
+    # prose that only looks like an opener
+    f"{GOOD} I hope the river's level holds this year, farmers say.\n\n{MORE}",
+    f"{GOOD} If you have any doubt about the depth, measure it.\n\n{MORE}",
+    f"{GOOD} I added a weir to the model, which cut the flood peak.\n\n{MORE}",
+    f"{GOOD} The happy reader of maps knows this.\n\n{MORE}",
+    # the words in code, a list, a table, a quote or a heading are content
+    f"{GOOD}\n\n```python\n# I hope this helps\nprint('Let me know if you have any questions.')\n```\n",
+    f"{GOOD}\n\n- Let me know your basin's area.\n- Feel free to measure it twice.\n",
+    f"{GOOD}\n\n| step | note |\n|---|---|\n| 1 | I hope this helps |\n",
+    f"{GOOD}\n\n> Let me know when the water rises, said the miller.\n",
+    f"{GOOD}\n\n### I hope this helps\n\n{MORE}",
+    "",
+])
+def test_content_is_never_talk(text):
+    assert talk_spans(text) == ()
+    assert without_talk(text, ()) == text
+
+
+def _section(text: str, path: str = "1.1.1", finish: str = "stop") -> SectionText:
+    return SectionText(path, "Part", "Chapter", f"Section {path}", text, finish, completion_tokens=400)
+
+
+def test_book_md_prints_the_section_without_its_talk_and_defects_name_it():
+    signed = _section(f"{GOOD}\n\n{MORE}\n\nI hope this helps! Let me know if you have any questions.\n")
+    # the token cap stopped it inside its talk: what is left ends where the model stopped writing the section
+    capped = _section(f"{GOOD}\n\nI made several changes to enhance clarity and coherence. I added transiti", "1.1.2",
+                      finish="length")
+    led = _section(f"Here's a rewritten version with improved clarity:\n\n{GOOD}\n\n{MORE}", "1.1.3")
+    clean = _section(f"{GOOD}\n\n{MORE}", "1.1.4")
+    assert section_body(signed) == f"{GOOD}\n\n{MORE}"
+    assert section_body(capped) == GOOD
+    assert section_body(led) == f"{GOOD}\n\n{MORE}"
+    assert section_body(clean) == f"{GOOD}\n\n{MORE}"
+
+    outline = Outline("Rivers", (Part("Part", (Chapter("Chapter", tuple(f"Section 1.1.{i}" for i in range(1, 5))),)),))
+    book = assemble(outline, {s.path: s for s in (signed, capped, led, clean)})
+    assert "I hope this helps" not in book.markdown and "rewritten version" not in book.markdown
+    defects = find_defects(book)
+    talk = defects.to_json()["assistant_talk"]
+    assert talk["count"] == 3
+    by_path = {it["path"]: it for it in talk["sections"]}
+    assert set(by_path) == {"1.1.1", "1.1.2", "1.1.3"}
+    assert by_path["1.1.1"]["at"] == "end" and by_path["1.1.1"]["talk"].startswith("I hope this helps!")
+    assert by_path["1.1.2"]["at"] == "end" and by_path["1.1.3"]["at"] == "start"
+    assert by_path["1.1.1"]["words"] == 12 and talk["words"] == sum(it["words"] for it in talk["sections"])
+    # defects count the text as generated, as for every defect: the words still hold the talk
+    assert defects.to_json()["words"]["total"] == sum(len(s.text.split()) for s in (signed, capped, led, clean))
+    md = defects.to_markdown()
+    assert "assistant talk" in md and "## Assistant talk" in md and "talks at the end, 12 words" in md
