@@ -19,7 +19,7 @@ from .codecheck import CodeReport, check_code, mark_broken
 from .cutback import complete_part, cut_back
 from .fences import close_open_fence
 from .salad import salad_at
-from .talk import talk_spans, without_talk
+from .talk import Talk, talk_spans, without_talk
 
 INTERRUPTED = Missing.INTERRUPTED  # the name older code imports
 
@@ -86,10 +86,10 @@ class SectionText:
         return None if self.salad is None else complete_part(self.text[: self.salad])
 
     @cached_property
-    def talk(self) -> tuple[tuple[int, int], ...]:
+    def talk(self) -> Talk:
         """:func:`.talk.talk_spans` of ``text``, computed once (with :attr:`body`, as the section lands): where the
         model talks to whoever asked ("I hope this helps!", "I made several changes to ..."), which book.md leaves
-        out; () when it does not."""
+        out; falsy when it does not."""
         return talk_spans(self.text)
 
     @cached_property
@@ -176,11 +176,12 @@ def _section_body(s: SectionText) -> str:
     reading as language) is cut off with the sentence it starts in. A code block that does not parse as printed
     (Python, JSON, TOML, YAML: :mod:`.codecheck`) gets a note under it saying so."""
     text, salad_cut, ended = s.text, s.salad_cut, s.finish_reason != "length"
-    if s.talk:
+    if s.talk and _says_something(kept := without_talk(s.text, s.talk)):
         # Talk is taken out first: a sign-off ends the section where the model stopped writing it (what the token cap
-        # cut is in the talk when the talk runs to the end), and salad is looked for in what is left.
-        text = without_talk(s.text, s.talk)
-        ended = ended or s.talk[-1][1] == len(s.text)
+        # cut is in the talk when the talk runs to the end), and salad is looked for in what is left. A section that
+        # is talk and nothing else is printed as written.
+        text = kept
+        ended = ended or s.talk.tail is not None
         at = salad_at(text)
         salad_cut = None if at is None else complete_part(text[:at])
     if salad_cut is not None:
@@ -195,6 +196,11 @@ def _section_body(s: SectionText) -> str:
     # cut_back closes what it keeps; close_open_fence closes a text printed as written. The notes come from the
     # text as generated (a block the model never closed is cut code, with no error, whichever closed it for printing).
     return close_open_fence(mark_broken(demote_headings(text, drop_title=s.title), s.code.errors, s.text))
+
+
+def _says_something(text: str) -> bool:
+    """Whether ``text`` holds a line that is not a heading."""
+    return any(line.strip() and not line.lstrip().startswith("#") for line in text.split("\n"))
 
 
 def assemble(outline: Outline, sections: dict[str, SectionText], missing: Missing = Missing.NOT_WRITTEN) -> Book:

@@ -220,12 +220,11 @@ def _talk(written: list[SectionText]) -> dict[str, Any]:
     book.md prints every one without it."""
     items = []
     for s in written:
-        if spans := s.talk:
-            ends = spans[-1][1] == len(s.text)
-            at = ("both" if len(spans) > 1 else "end") if ends else "start"
-            first = spans[-1] if ends else spans[0]
-            items.append(_ref(s, talk=_first_line(s.text[first[0]:first[1]], 80), at=at,
-                              words=sum(count_words(s.text[a:b]) for a, b in spans)))
+        if talk := s.talk:
+            at = "start" if talk.tail is None else "end" if talk.lead is None else "both"
+            shown = (talk.tail, len(s.text)) if talk.tail is not None else talk.lead or (0, 0)
+            items.append(_ref(s, talk=_first_line(s.text[shown[0]:shown[1]], 80), at=at,
+                              words=sum(count_words(s.text[a:b]) for a, b in talk.spans(len(s.text)))))
     return _listing(items, words=sum(it["words"] for it in items))
 
 

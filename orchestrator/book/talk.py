@@ -12,21 +12,26 @@ repeats nothing within its section.
 with one of :data:`OPENERS` (a sign-off, an offer of more help, a report of edits made to "the text"). Where the
 section has said something before it, the talk runs to the end of the section (what follows a sign-off is more of
 the same: a P.S., a "---" and "the edited text", the heading of a chapter the model went on to invent), and the
-span is cut from the sentence that opens it, unless what follows is more than half the section (:data:`TAIL_SHARE`:
-then the opener is read as the section's own prose). Where it comes first (a lead-in: "I made several changes ...
-Here is the revised text:"), only that paragraph goes, and only when it is short (:data:`LEAD_WORDS`): a long one
-may go on to the content, and is kept whole. Code, headings, list items, table rows and quotes are never read: a
-sentence in them is content. book.md prints the section without the spans (``assemble.section_body``);
-``defects.json`` ``assistant_talk`` names each section, and counts, as every defect does, the text as generated.
+span is cut from the first such sentence after which at most half the section follows (:data:`TAIL_SHARE`: an
+opener with more after it is read as the section's own prose). Only a sign-off (:data:`SIGN_OFFS`: "I hope this
+helps", "let me know", "P.S.", an offer to answer questions) may take code, a table, a list or a quote with it; after
+a report of edits or a weaker opener the talk ends at the first of those, and none is cut when one follows. Where
+talk comes first (a lead-in: "I made several changes ... Here is the revised text:"), only that one paragraph goes,
+and only when it is short (:data:`LEAD_WORDS`) and every sentence of it is talk or ends in a colon: a lead-in that
+goes on to content is kept whole. Code, headings, list items (with their continuation lines), table rows and quotes
+are never read: a sentence in them is content. A section that is talk and nothing else is printed as written.
+book.md prints the section without the talk (``assemble.section_body``); ``defects.json`` ``assistant_talk`` names
+each section, and counts, as every defect does, the text as generated.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from .fences import FENCE_OPEN, closer
 
-__all__ = ["LEAD_WORDS", "OPENERS", "TAIL_SHARE", "talk_spans", "without_talk"]
+__all__ = ["LEAD_WORDS", "OPENERS", "SIGN_OFFS", "TAIL_SHARE", "Talk", "talk_spans", "without_talk"]
 
 LEAD_WORDS = 60  # a talking first paragraph longer than this is kept: it may carry content after its lead-in
 # An opener followed by more than this share of the section's words is not where the section ends: it is read as the
@@ -36,115 +41,184 @@ TAIL_SHARE = 0.5
 
 _EDIT_VERB = (r"(?:made|added|rephrased|reorganized|reorganised|revised|rewrote|rewritten|edited|changed|corrected|"
               r"restructured|improved|polished|adjusted|updated|simplified|condensed|expanded|shortened)")
+_REPLY = r"(?:(?:sure|certainly|of\s+course|absolutely|okay|ok)\s*[!,.]\s+)?"  # "Sure! Here's ..."
+# Unmistakable talk to whoever asked: what follows one of these is never the section (it may take code or a list).
+SIGN_OFFS = re.compile(
+    r"(?:so,?\s+|and\s+|again,?\s+|once\s+again,?\s+)?(?:"
+    r"I\s+hope\s+(?:this|that|these|it|my|the\s+above)(?:\s+\w+){0,2}?\s+(?:helps?|helped|gives?|gave|provides?|"
+    r"has\s+(?:helped|given|provided|been)|(?:was|were|is|are)\s+(?:helpful|useful|clear)|answers?|clarifies|clears|"
+    r"serves|makes\s+sense|enhances)\b"
+    r"|I\s+hope\s+you\s+(?:found|find|enjoy|enjoyed|liked|like|learned|agree|have\s+(?:found|enjoyed|learned)|"
+    r"now\s+have|got|get|will\s+find|'ll\s+find|’ll\s+find)\b"
+    r"|(?:please\s+)?let\s+me\s+know\b"
+    r"|feel\s+free\s+to\s+(?:ask|reach\s+out|contact|let\s+me|get\s+in\s+touch|leave\s+a\s+comment|comment|"
+    r"share\s+your)\b"
+    rf"|I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b(?:clarity|grammar|readability|coherence|"
+    r"transitional|(?:the|your)\s+(?:original\s+)?(?:text|passage|paragraph|essay|draft))\b"
+    r"|don'?t\s+hesitate\s+to\s+(?:ask|reach\s+out|contact|let\s+me|get\s+in\s+touch)\b"
+    r"|(?:if\s+you\s+have\s+any\s+(?:other\s+|further\s+|more\s+|additional\s+)?questions|"
+    r"if\s+there(?:'s|’s|\s+is)\s+anything\s+else)\b"
+    r"|P\.S\.(?=[\s:*])"
+    r"|happy\s+(?:reading|coding|learning|writing)\s*[!.]"
+    r"|thank\s+you\s+for\s+(?:reading|your\s+(?:time|request|attention|interest))\b|thanks\s+for\s+reading\b"
+    r")",
+    re.IGNORECASE,
+)
 _EDIT_OBJECT = (r"(?:changes|edits|revisions|corrections|transitional|"
-                r"the (?:original )?(?:text|passage|paragraph|essay|draft|content|section|response)|"
+                r"the (?:original )?(?:text|passage|paragraph|essay|draft|content|response)|"
                 r"your (?:text|passage|paragraph|essay|draft|request)|clarity|grammar|readability|coherence|"
                 r"word count)")
-# How talk to the requester opens (case-insensitive, at the start of a sentence of paragraph prose).
+# Every opener of talk (case-insensitive, at the start of a sentence of paragraph prose): a sign-off, a report of the
+# edits the model believes it made to "the text", the text it offers as revised, a word count.
 OPENERS = re.compile(
-    r"(?:"
-    r"I\s+hope\s+(?:this|that|these|it|you|my|the\s+(?:above|information|explanation|essay|text))\b"
-    r"|(?:please\s+)?let\s+me\s+know\b"
-    r"|feel\s+free\s+to\b"
-    r"|don'?t\s+hesitate\s+to\b"
-    r"|if\s+you\s+(?:have|need)\s+any\s+(?:other\s+|further\s+|more\s+|additional\s+)?"
-    r"(?:questions?|help|assistance|clarifications?|feedback|changes)\b"
-    r"|P\.\s?S\.?(?=\s)"
-    r"|happy\s+(?:reading|coding|learning|writing)\s*[!.]"
-    r"|thank\s+you\s+for\s+(?:reading|your\s+(?:time|request|attention|interest))\b"
+    rf"{_REPLY}(?:{SIGN_OFFS.pattern}"
     rf"|I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b{_EDIT_OBJECT}"
-    r"|here(?:'s|’s|\s+is)\s+(?:a|an|the|my|your)\s+(?:\w+\s+){0,2}?"
-    r"(?:revised|rewritten|edited|updated|improved|polished|corrected|refined|new|shorter|longer)\s+"
-    r"(?:version|text|draft|passage|paragraph|essay|section)\b"
+    r"|I\s+hope\s+(?:that\s+)?you\b"
+    r"|here(?:'s|’s|\s+is)\s+(?:a|an|the|my|your)\s+(?:\w+\s+){0,2}?(?:revised|rewritten|edited|polished|refined)\s+"
+    r"(?:version|text|draft|passage|paragraph|essay)\b"
+    r"(?!\s+of\s+(?:the|this|that|our|a)\s+(?!text|passage|paragraph|essay))"  # "... version of the function"
     r"|(?:word\s+count|total\s+words)\s*:\s*\d"
     r")",
     re.IGNORECASE,
 )
 # Where a sentence starts within a paragraph, after its first: past ". ", "! ", "? " (and a closing quote or bracket).
-_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"”’)]*\s+")
+_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"”’)*_]*\s+")
 _MARKUP = re.compile(r"[*_]{0,3}")  # emphasis a sentence may open with
 # Lines that are content, not a paragraph's prose: headings, list items, table rows, quotes, indented code, math.
 _NOT_PROSE = re.compile(r"^(?: {4}|\t)|^\s*(?:#|[-*+•]\s|\d+[.)]\s|\||>|\$\$|\\\[)")
+_CONTAINER = re.compile(r"^\s*(?:[-*+•]\s|\d+[.)]\s|>)")  # a list item or a quote: its next lines belong to it
 _WORD = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class Talk:
+    """Where a section's text talks to whoever asked for it: ``lead`` the (start, end) of a lead-in paragraph, ``tail``
+    the offset from which the rest of the text is talk; falsy when it holds none."""
+
+    lead: tuple[int, int] | None = None
+    tail: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.lead is not None or self.tail is not None
+
+    def spans(self, size: int) -> tuple[tuple[int, int], ...]:
+        """The (start, end) offsets to take out of a text of ``size`` characters, in order."""
+        return tuple(x for x in (self.lead, None if self.tail is None else (self.tail, size)) if x is not None)
 
 
 def _prose_paragraphs(text: str) -> tuple[list[tuple[int, int]], list[int]]:
     """(start, end) offsets of every paragraph of prose (consecutive prose lines outside code fences, ended by a
     blank line, a fence or a line that is not prose), in order; and the offsets where content that is not prose
-    starts (a fenced block, a list item, a table, a quote, ...: not a heading), which counts as something said
-    before a talk."""
+    starts (a fenced block, a list item and its continuation lines, a table, a quote, ...: not a heading), which
+    counts as something said before a talk."""
     paragraphs: list[tuple[int, int]] = []
     content: list[int] = []
     fence: re.Pattern[str] | None = None
     start: int | None = None
+    container = ""  # "list" or "quote" within one: its continuation lines (lazy or indented) are its own
+    blank = True
     offset = 0
     for line in text.split("\n"):
-        end = offset + len(line)
-        prose = False
+        kind = "content"
         if fence is not None:
             if fence.match(line):
                 fence = None
         elif (m := FENCE_OPEN.match(line)) is not None:
             fence = closer(m.group(2))
+        else:
+            kind, container = _line_kind(line, container, blank)
+        if kind == "content":
             content.append(offset)
-        elif line.strip() and not _NOT_PROSE.match(line):
-            prose = True
-        elif line.strip() and not line.lstrip().startswith("#"):  # a heading says nothing yet
-            content.append(offset)
-        if prose:
-            if start is None:
-                start = offset
+        if kind == "prose":
+            start = offset if start is None else start
         elif start is not None:
             paragraphs.append((start, offset - 1))
             start = None
-        offset = end + 1
+        blank = kind == "blank"
+        offset += len(line) + 1
     if start is not None:
         paragraphs.append((start, len(text)))
     return paragraphs, content
 
 
-def talk_spans(text: str) -> tuple[tuple[int, int], ...]:
-    """The spans of ``text`` (start, end offsets) that talk to the requester, in order: at most one lead-in
-    paragraphs before anything is said, and the talk that ends the section, from the sentence that opens it to the
-    end of ``text`` (module docstring). () when there is none."""
+def _line_kind(line: str, container: str, blank: bool) -> tuple[str, str]:
+    """A line outside code fences: "prose", "content", "heading" (which says nothing yet) or "blank"; and the list
+    item or quote ("list", "quote" or "") the lines after it may continue. A list item's or a quote's continuation
+    line is content (indented, or lazy: right after it), except a lazy line after a list item that opens with a
+    sign-off: the model's sign-off after a numbered list is not part of its last item."""
+    if not line.strip():
+        return "blank", container
+    if (m := _CONTAINER.match(line)) is not None:
+        return "content", "quote" if m.group().strip() == ">" else "list"
+    if container and (line[:1] in (" ", "\t") or not blank):
+        if container == "list" and not blank and SIGN_OFFS.match(line, _MARKUP.match(line).end()):  # type: ignore[union-attr]
+            return "prose", ""
+        return "content", container
+    if not _NOT_PROSE.match(line):
+        return "prose", ""
+    return ("heading" if line.lstrip().startswith("#") else "content"), ""
+
+
+def talk_spans(text: str) -> Talk:
+    """Where ``text`` talks to whoever asked for it (module docstring): at most one lead-in paragraph before anything
+    is said, and the talk that ends the section, from the sentence that opens it to the end of ``text``."""
     paragraphs, content = _prose_paragraphs(text)
     total = len(_WORD.findall(text))
-    spans: list[tuple[int, int]] = []
+    lead: tuple[int, int] | None = None
     said = False  # something that is not talk came before
     for start, end in paragraphs:
         said = said or any(c < start for c in content)
         starts = [start, *(m.end() for m in _SENTENCE_END.finditer(text, start, end))]
-        for at in starts:
+        for k, at in enumerate(starts):
             opens = _MARKUP.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string at least
             if opens >= end or not OPENERS.match(text, opens):
                 continue
-            if said or text[start:at].strip():
+            if said or k:
                 # Content before it, in the section or in its own paragraph: the rest is talk, unless the rest is
-                # most of the section.
-                if len(_WORD.findall(text, at)) <= TAIL_SHARE * total:
-                    return (*spans, (at, len(text)))
-                continue
-            if len(_WORD.findall(text, start, end)) <= LEAD_WORDS:
-                spans.append((start, end))
+                # most of the section, or it would take content with it and does not open with a sign-off.
+                if len(_WORD.findall(text, at)) > TAIL_SHARE * total:
+                    continue
+                if not SIGN_OFFS.match(text, opens) and any(c > at for c in content):
+                    continue
+                return Talk(lead, at)
+            if lead is None and _all_talk(text, starts, end):
+                lead = (start, end)
                 break
-            said = True  # a long first paragraph that opens with talk and goes on: kept whole
+            said = True  # a first paragraph that opens with talk and goes on to content: kept whole
             break
         else:
             said = True
-    return tuple(spans)
+    return Talk(lead, None)
 
 
-def without_talk(text: str, spans: tuple[tuple[int, int], ...]) -> str:
-    """``text`` with ``spans`` (:func:`talk_spans`) taken out and the ends of what is left tidied: no trailing
-    spaces or blank lines where the cut was, no leading blank line where a lead-in was."""
-    if not spans:
+def _all_talk(text: str, starts: list[int], end: int) -> bool:
+    """A lead-in paragraph goes only when it is short and each of its sentences is talk or ends in a colon (what
+    introduces the text)."""
+    if len(_WORD.findall(text, starts[0], end)) > LEAD_WORDS:
+        return False
+    bounds = [*starts[1:], end]
+    for at, stop in zip(starts, bounds):
+        sentence = text[at:stop].strip()
+        opens = _MARKUP.match(text, at).end()  # type: ignore[union-attr]
+        if not (OPENERS.match(text, opens) or sentence.rstrip("*_").endswith(":")):
+            return False
+    return True
+
+
+def without_talk(text: str, talk: Talk) -> str:
+    """``text`` with ``talk`` (:func:`talk_spans`) taken out, tidied only where the cuts were: no trailing spaces or
+    blank lines where the tail was, no blank lines left where the lead-in was, and an emphasis the tail cut in two
+    closed again. Nothing else changes (a code block's blank lines stay)."""
+    if not talk:
         return text
-    parts: list[str] = []
-    at = 0
-    for start, end in spans:
-        parts.append(text[at:start])
-        at = end
-    parts.append(text[at:])
-    out = "".join(parts)
-    out = re.sub(r"\n{3,}", "\n\n", out)
-    return out.strip("\n").rstrip()
+    out = text if talk.tail is None else text[: talk.tail].rstrip()
+    if talk.tail is not None and not text[: talk.tail].rstrip(" \t").endswith("\n"):
+        # The tail cut inside a paragraph that opened with emphasis ("**Remember: ... Feel free to ask.**"): close it.
+        last = out[out.rfind("\n") + 1:]
+        run = _MARKUP.match(last).group()  # type: ignore[union-attr]
+        if run and last.count(run) % 2:
+            out += run[::-1]
+    if talk.lead is not None:
+        before, after = out[: talk.lead[0]].rstrip(), out[talk.lead[1]:].lstrip("\n")
+        out = f"{before}\n\n{after}" if before else after
+    return out.strip("\n")

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.book.assemble import SectionText, assemble, section_body
 from orchestrator.book.defects import find_defects
-from orchestrator.book.talk import LEAD_WORDS, talk_spans, without_talk
+from orchestrator.book.talk import LEAD_WORDS, Talk, talk_spans, without_talk
 from orchestrator.core.outline import Chapter, Outline, Part
 
 GOOD = ("A river's basin is the land that drains into it. Rain that falls anywhere in the basin reaches the river in "
@@ -34,9 +34,9 @@ SIGN_OFFS = [
 
 
 def _tail(text: str) -> str:
-    spans = talk_spans(text)
-    assert spans and spans[-1][1] == len(text), text
-    return text[spans[-1][0]:]
+    talk = talk_spans(text)
+    assert talk.tail is not None and talk.lead is None, text
+    return text[talk.tail:]
 
 
 @pytest.mark.parametrize("talk", SIGN_OFFS)
@@ -44,6 +44,11 @@ def test_a_sign_off_after_the_section_is_cut_from_where_it_opens_to_the_end(talk
     text = f"{GOOD}\n\n{MORE}\n\n{talk}\n"
     assert _tail(text).startswith(talk)
     assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}"
+
+
+def test_a_sign_off_right_after_a_list_is_not_its_last_item():
+    text = f"{GOOD}\n\n{MORE}\n\n1. Load the data.\n2. Plot it.\nI hope these examples help! Let me know.\n"
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}\n\n1. Load the data.\n2. Plot it."
 
 
 def test_talk_within_the_last_paragraph_is_cut_from_its_sentence():
@@ -61,35 +66,46 @@ def test_everything_after_a_sign_off_goes_with_it():
 def test_a_short_lead_in_goes_alone_and_the_section_stays():
     lead = "Here's a rewritten version with improved clarity and grammar:"
     text = f"{lead}\n\n{GOOD}\n\n{MORE}\n"
-    spans = talk_spans(text)
-    assert len(spans) == 1 and text[slice(*spans[0])] == lead
-    assert without_talk(text, spans) == f"{GOOD}\n\n{MORE}"
+    talk = talk_spans(text)
+    assert talk.tail is None and talk.lead is not None and text[slice(*talk.lead)] == lead
+    assert without_talk(text, talk) == f"{GOOD}\n\n{MORE}"
+    sure = f"Sure! Here's a revised version of the text:\n\n{GOOD}"
+    assert without_talk(sure, talk_spans(sure)) == GOOD
     # a heading the model opened with says nothing yet: the lead-in after it is still a lead-in
     headed = f"## Cloud Computing\n\n{text}"
     assert without_talk(headed, talk_spans(headed)) == f"## Cloud Computing\n\n{GOOD}\n\n{MORE}"
     # a lead-in and a sign-off in one section: both go
     both = f"{lead}\n\n{GOOD}\n\n{MORE}\n\nI hope this helps!"
-    assert len(talk_spans(both)) == 2 and without_talk(both, talk_spans(both)) == f"{GOOD}\n\n{MORE}"
+    talk = talk_spans(both)
+    assert talk.lead and talk.tail and without_talk(both, talk) == f"{GOOD}\n\n{MORE}"
+    assert talk.spans(len(both)) == (talk.lead, (talk.tail, len(both)))
 
 
-def test_a_long_first_paragraph_that_opens_with_talk_is_kept():
+def test_a_first_paragraph_that_goes_on_to_content_is_kept():
     long_lead = "I made several changes to the text. " + " ".join(["The river runs to the sea."] * LEAD_WORDS)
-    text = f"{long_lead}\n\n{GOOD}\n"
-    assert talk_spans(text) == ()
+    assert not talk_spans(f"{long_lead}\n\n{GOOD}\n")
+    # short, but its second sentence is content: kept whole
+    git = ("I made several changes to the text. Git stores snapshots, not diffs, and every clone holds the full "
+           "history.")
+    assert not talk_spans(f"{git}\n\n{GOOD}\n")
+    # one lead-in at most: a second talking paragraph is the section's (it is followed by most of it)
+    two = f"Here's a revised version:\n\nI made several changes to improve clarity.\n\n{GOOD}\n\n{MORE}"
+    assert without_talk(two, talk_spans(two)) == f"I made several changes to improve clarity.\n\n{GOOD}\n\n{MORE}"
 
 
 def test_an_opener_followed_by_most_of_the_section_is_the_sections_own_prose():
-    story = "I made several changes to the build. " + " ".join([MORE] * 4)
+    story = "I made several changes to the text of the build script. " + " ".join([MORE] * 4)
     text = f"{GOOD}\n\n{story}\n"
-    assert talk_spans(text) == ()
+    assert not talk_spans(text)
     # the same opener near the end is talk
-    assert talk_spans(f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{MORE}\n\nI made several changes to the text.") != ()
+    assert talk_spans(f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{MORE}\n\nI made several changes to the text.")
 
 
 @pytest.mark.parametrize("text", [
     # prose that only looks like an opener
     f"{GOOD} I hope the river's level holds this year, farmers say.\n\n{MORE}",
     f"{GOOD} If you have any doubt about the depth, measure it.\n\n{MORE}",
+    f"{GOOD}\n\n{MORE} If you need any help installing Python, see Appendix A.",
     f"{GOOD} I added a weir to the model, which cut the flood peak.\n\n{MORE}",
     f"{GOOD} The happy reader of maps knows this.\n\n{MORE}",
     # the words in code, a list, a table, a quote or a heading are content
@@ -98,11 +114,48 @@ def test_an_opener_followed_by_most_of_the_section_is_the_sections_own_prose():
     f"{GOOD}\n\n| step | note |\n|---|---|\n| 1 | I hope this helps |\n",
     f"{GOOD}\n\n> Let me know when the water rises, said the miller.\n",
     f"{GOOD}\n\n### I hope this helps\n\n{MORE}",
+    # a list item's continuation lines, lazy or indented, and a quote's
+    f"{GOOD}\n\n- Use a cache only for pure functions. It keeps\n  results correct. Feel free to ask why.\n- Never "
+    "cache side effects.\n",
+    f"{GOOD}\n\n- Use a cache.\nI hope that you keep it small, the lead said.\n",
+    f"{GOOD}\n\n1. Install it.\n\n   I hope this helps, wrote the maintainer.\n\n2. Run it.\n",
+    f"{GOOD}\n\n> The miller said the river would rise.\nLet me know when it does, he added.\n",
+    # ordinary prose near openers
+    f"{GOOD} P. S. Krishnan measured the basin in 1970.",
+    f"{GOOD} The engineer told us about it. I hope that the next release keeps the cache, she said.",
     "",
 ])
 def test_content_is_never_talk(text):
-    assert talk_spans(text) == ()
-    assert without_talk(text, ()) == text
+    assert not talk_spans(text)
+    assert without_talk(text, Talk()) == text
+
+
+CODE = "```python\nfrom functools import cache\n\n\n@cache\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n```"
+
+
+@pytest.mark.parametrize("sentence", [
+    "Here is the new version of the function, with a cache:",
+    "Here is a rewritten version of the function, with a cache:",
+    "Feel free to experiment with larger values of n. With the cache, each value is computed once:",
+    "Don't hesitate to profile before you optimise. The block shows how:",
+    "I've simplified the content below to one function:",
+])
+def test_only_a_sign_off_takes_code_with_it(sentence):
+    text = f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{sentence}\n\n{CODE}\n"
+    assert not talk_spans(text)
+    signed = f"{GOOD}\n\n{MORE}\n\n{MORE}\n\nI hope this helps! Here is the code again:\n\n{CODE}\n"
+    assert without_talk(signed, talk_spans(signed)) == f"{GOOD}\n\n{MORE}\n\n{MORE}"
+
+
+def test_the_cut_changes_nothing_but_the_cut():
+    text = f"{GOOD}\n\n{CODE}\n\n{MORE}\n\nI hope this helps!\n"
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{CODE}\n\n{MORE}"  # the block's blank lines stay
+    bold = f"{GOOD}\n\n**Remember: a basin has one outlet. Feel free to ask about exceptions.**"
+    assert without_talk(bold, talk_spans(bold)) == f"{GOOD}\n\n**Remember: a basin has one outlet.**"
+    listed = f"{GOOD}\n\n* one **bold** item\n* two\n\nI hope this helps!"
+    assert without_talk(listed, talk_spans(listed)) == f"{GOOD}\n\n* one **bold** item\n* two"
+    crlf = f"{GOOD}\r\n\r\n{MORE}\r\n\r\nI hope this helps!\r\n"
+    assert without_talk(crlf, talk_spans(crlf)) == f"{GOOD}\r\n\r\n{MORE}"
 
 
 def _section(text: str, path: str = "1.1.1", finish: str = "stop") -> SectionText:
@@ -120,6 +173,8 @@ def test_book_md_prints_the_section_without_its_talk_and_defects_name_it():
     assert section_body(capped) == GOOD
     assert section_body(led) == f"{GOOD}\n\n{MORE}"
     assert section_body(clean) == f"{GOOD}\n\n{MORE}"
+    only = _section("## Rivers\n\nI hope this helps!", "1.1.5")  # talk and nothing else: printed as written
+    assert "I hope this helps!" in section_body(only)
 
     outline = Outline("Rivers", (Part("Part", (Chapter("Chapter", tuple(f"Section 1.1.{i}" for i in range(1, 5))),)),))
     book = assemble(outline, {s.path: s for s in (signed, capped, led, clean)})
