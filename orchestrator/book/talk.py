@@ -47,7 +47,7 @@ SIGN_OFFS = re.compile(
     r"(?:so,?\s+|and\s+|again,?\s+|once\s+again,?\s+)?(?:"
     r"I\s+hope\s+(?:this|that|these|it|my|the\s+above)(?:\s+\w+){0,2}?\s+(?:helps?|helped|gives?|gave|provides?|"
     r"has\s+(?:helped|given|provided|been)|(?:was|were|is|are)\s+(?:helpful|useful|clear)|answers?|clarifies|clears|"
-    r"serves|makes\s+sense|enhances)\b"
+    r"serves|makes\s+sense|enhances|inspires?|encourages?)\b"
     r"|I\s+hope\s+you\s+(?:found|find|enjoy|enjoyed|liked|like|learned|agree|have\s+(?:found|enjoyed|learned)|"
     r"now\s+have|got|get|will\s+find|'ll\s+find|’ll\s+find)\b"
     r"|(?:please\s+)?let\s+me\s+know\b"

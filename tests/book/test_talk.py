@@ -30,6 +30,7 @@ SIGN_OFFS = [
     "I've added transitional phrases to improve the flow.",
     "I also added a few examples to illustrate key concepts, making the content more engaging for readers.",
     "**I hope this helps!**",
+    "I hope this information inspires you to think differently about the way we approach nature.",
 ]
 
 
