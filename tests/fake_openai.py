@@ -14,6 +14,10 @@ Modes:
   retry-after  the first ``stall_count`` chat requests get 429 with ``Retry-After: retry_after``; then normal
   repeats      like ``ok``, but at temperature 0 every title list repeats its first title (as a small model does);
                at a temperature above 0 the titles are distinct
+  loops        like ``ok``, but a section asked at temperature 0 streams one line over and over to its max_tokens
+               (``section_chunk_delay`` between chunks), as a small model caught in a repetition loop does; at a
+               temperature above 0 it is prose. ``loop_streams`` records, per looping stream, (chunks written, chunks
+               it would have had): a client that stops reading early shows as fewer written
   (every mode answers ``"stream": false`` with one chat.completion, the same text, after the same stall or delays)
   ok           a minimal well-behaved server: JSON title lists ("Part topic 1", "Chapter topic 1", "Section
                topic 1", ...) and prose; sections titled in ``fail_sections`` always come back empty
@@ -44,6 +48,7 @@ class FakeServer(LocalHTTPServer):
         self.sections_started = 0
         self.chat_requests: list[float] = []  # arrival times (time.monotonic())
         self.auth_seen: list[str] = []
+        self.loop_streams: list[tuple[int, int]] = []  # mode "loops": (chunks written, chunks in the answer)
         self._lock = threading.Lock()
 
     def _authorised(self, h) -> bool:
@@ -92,6 +97,11 @@ class FakeServer(LocalHTTPServer):
                        headers={"Retry-After": f"{self.retry_after:g}"})
             return
         text = self._answer(req)
+        looping = self.mode == "loops" and not text.lstrip().startswith("{") and not req.get("temperature")
+        if looping:  # one line over and over, to the request's token cap (about 4 characters a token)
+            line = "The cache keeps every record near the server that asked for it.\n"
+            size = 4 * int(req.get("max_tokens") or 520)
+            text = (line * (size // len(line) + 1))[:size]
         delay = 0.0
         if not text.lstrip().startswith("{"):
             with self._lock:
@@ -101,13 +111,17 @@ class FakeServer(LocalHTTPServer):
             if self.mode == "stall" and n <= self.stall_count:
                 time.sleep(self.stall_s)
             time.sleep(delay * max(1, len(text) // 16))
-            self._whole(h, text)
+            self._whole(h, text, finish="length" if looping else "stop")
+            if looping:
+                with self._lock:
+                    self.loop_streams.append((-(-len(text) // 16),) * 2)  # read whole: every "chunk" sent
             return
-        self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count, delay=delay)
+        self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count, delay=delay,
+                     finish="length" if looping else "stop", record=self.loop_streams if looping else None)
 
-    def _whole(self, h, text: str) -> None:
+    def _whole(self, h, text: str, finish: str = "stop") -> None:
         body = {"id": "x", "object": "chat.completion", "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text) // 4),
                           "total_tokens": 10 + len(text) // 4}}
         try:
@@ -151,25 +165,28 @@ class FakeServer(LocalHTTPServer):
                         for i, w in enumerate(("first", "practical", "careful", "useful", "common", "subtle",
                                                "final", "extra"), 1))
 
-    def _stream(self, h, text: str, stall: bool, delay: float = 0.0) -> None:
+    def _stream(self, h, text: str, stall: bool, delay: float = 0.0, finish: str = "stop",
+                record: list[tuple[int, int]] | None = None) -> None:
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.send_header("Connection", "close")
         h.end_headers()
         pieces = [text[i:i + 16] for i in range(0, len(text), 16)] or [""]
+        written = 0
         try:
             for i, p in enumerate(pieces):
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": self.model,
                          "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
                 h.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 h.wfile.flush()
+                written += 1
                 if stall and i == 1:
                     time.sleep(self.stall_s)
                     return
                 if delay:
                     time.sleep(delay)
             end = {"id": "x", "object": "chat.completion.chunk", "model": self.model,
-                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
             usage = {"id": "x", "object": "chat.completion.chunk", "model": self.model, "choices": [],
                      "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text) // 4),
                                "total_tokens": 10 + len(text) // 4}}
@@ -179,4 +196,8 @@ class FakeServer(LocalHTTPServer):
             h.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            if record is not None:
+                with self._lock:
+                    record.append((written, len(pieces)))
         h.close_connection = True

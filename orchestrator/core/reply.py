@@ -39,6 +39,9 @@ class Reply:
 # Only these finish reasons are answers: "stop" (the model ended) and "length" (the token cap; a truncated but
 # real answer). vLLM and SGLang also send "abort"; servers send "error" and "content_filter".
 ANSWERS = frozenset({"stop", "length"})
+# Our own finish reason: the caller stopped reading the stream (``BackendClient.chat``'s ``stop_when``, a section
+# caught in a repetition loop); the text so far, which the caller's check judges (and a section's refuses).
+STOPPED = "stopped"
 # Other servers' names for the same two (TGI's native "eos_token" and "stop_sequence", "max_tokens").
 FINISH_SYNONYMS = {"eos_token": "stop", "eos": "stop", "stop_sequence": "stop", "end_turn": "stop",
                    "max_tokens": "length", "max_length": "length"}

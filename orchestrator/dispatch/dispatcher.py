@@ -54,6 +54,7 @@ class _Node(Generic[T]):
     attempts: int = 0
     label: str = ""  # what its replies are recorded as in ``Dispatcher.replies``: its kind, or REASK
     failed_on: BackendClient | None = None  # the backend its last attempt failed on: the retry avoids it
+    watch: Callable[[], Callable[[str], str | None] | None] | None = None  # each attempt's stop_when (run's watch)
 
 
 class Dispatcher:
@@ -99,6 +100,7 @@ class Dispatcher:
         self, path: str, kind: NodeKind, title: str, build: Callable[[BackendClient, int], dict[str, Any]],
         validate: None = None, priority: tuple[int, int] = (1, 0), *, on_delta: Callable[[str], None] | None = None,
         restore: None = None, keep: None = None, journaled: bool = True, affinity: Hashable | None = None,
+        watch: Callable[[], Callable[[str], str | None] | None] | None = None,
     ) -> Outcome[None]: ...
 
     @overload
@@ -107,7 +109,7 @@ class Dispatcher:
         validate: Callable[[Reply], T], priority: tuple[int, int] = (1, 0), *,
         on_delta: Callable[[str], None] | None = None, restore: Callable[[StoredNode], T | None] | None = None,
         keep: Callable[[T], Any] | None = None, journaled: bool = True, context: Any = None,
-        affinity: Hashable | None = None,
+        affinity: Hashable | None = None, watch: Callable[[], Callable[[str], str | None] | None] | None = None,
     ) -> Outcome[T]: ...
 
     async def run(
@@ -125,6 +127,7 @@ class Dispatcher:
         journaled: bool = True,
         context: Any = None,
         affinity: Hashable | None = None,
+        watch: Callable[[], Callable[[str], str | None] | None] | None = None,
     ) -> Outcome[T] | Outcome[None]:
         """``build(client, attempt)`` makes the request body; ``validate(reply)`` parses it or raises ValueError
         (an unusable reply is retried like an error). ``on_delta(text)``, when given, sees every content delta of
@@ -138,7 +141,9 @@ class Dispatcher:
         neither asks nor writes the journal (a continuation of a node that is already in it). ``context`` (sections:
         ``SectionRef.context``, which ``keep`` journals as the value's "context") lets a stored node answer wherever
         an edited outline moved it (``Journal.get``); it is then recorded at ``path`` too. ``affinity`` (sections with
-        context: their chapter) is the fleet's prefix-cache affinity key, made this book's by its rank."""
+        context: their chapter) is the fleet's prefix-cache affinity key, made this book's by its rank. ``watch()``,
+        called as each attempt starts, gives that attempt's ``stop_when`` (``BackendClient.chat``), or None: what
+        reads a streamed answer as it arrives and may end it early (a section's repetition loop)."""
         journal = self.journal if journaled else None
         stored = journal.get(path, kind, title, context) if journal is not None else None
         if stored is not None:
@@ -151,7 +156,7 @@ class Dispatcher:
             on_delta = partial(self._delta, path, on_delta)
         node = _Node(path, kind, title, build, validate, priority, on_delta,
                      None if affinity is None else (self.rank, affinity),
-                     label=kind if journaled else REASK)
+                     label=kind if journaled else REASK, watch=watch)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=self._wait,
@@ -204,7 +209,8 @@ class Dispatcher:
             self.emit(NodeStarted(node.path, node.kind, node.title, client.url, n, time.monotonic()))
             # more than one reply when a structured request was refused and sent again in text (client.send)
             *refused, reply = await client.send(partial(self._body, node, client, n), attempt=n,
-                                                on_delta=node.on_delta)
+                                                on_delta=node.on_delta,
+                                                stop_when=node.watch() if node.watch is not None else None)
             self.replies.extend((node.label, r) for r in refused)
             self.fleet.report(client, reply)
         node.failed_on = None if reply.ok else client

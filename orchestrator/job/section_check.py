@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..book.checks import loop_reason, norm_title
+from ..book.checks import LoopWatch, loop_reason, norm_title
 from ..core.config import Settings
-from ..core.reply import Reply
+from ..core.reply import STOPPED, Reply
 
 __all__ = ["SectionCheck", "accepted_value", "order_base"]
 
@@ -20,13 +20,25 @@ class SectionCheck:
     * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
       anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
       too, and defects.json reports it. The value is ``{"repaired_from": why, "loop": why the accepted text still
-      loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it)."""
+      loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it).
+    * :meth:`watcher` gives the first answer's stream a :class:`~orchestrator.book.checks.LoopWatch`: a loop is
+      caught as it streams, the stream stopped (finish_reason ``STOPPED``) and the re-ask sent at once, where the
+      token cap would have let the loop run on. A stopped answer is never accepted. The re-ask is not watched: what
+      it gives is kept, as above."""
 
     def __init__(self, title: str):
         self.want = norm_title(title)
         self.loop: str | None = None  # why the first answer looped, once it did
 
+    def watcher(self) -> LoopWatch | None:
+        """The stop_when of the next attempt's stream (``Dispatcher.run``'s ``watch``): a first answer's only."""
+        return LoopWatch() if self.loop is None else None
+
     def __call__(self, reply: Reply) -> dict[str, str | None]:
+        if reply.finish_reason == STOPPED:  # a LoopWatch stopped it: the text so far loops
+            self.loop = self.loop or loop_reason(reply.text) or "a repetition loop caught while streaming"
+            raise ValueError(f"repetition loop ({self.loop}) caught while streaming: asked again with stronger "
+                             "anti-repetition settings")
         if not any(s and norm_title(s) != self.want
                    for s in (line.strip().strip("#*_=- ").strip() for line in reply.text.splitlines())):
             raise ValueError("the reply only repeats the section heading")

@@ -31,6 +31,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..book.checks import loop_reason
 from ..book.fences import fenced_code
 from ..core.events import NodeFinished
 from ..core.outline import normal_brief
@@ -67,7 +68,11 @@ _SENTENCE_END = re.compile(r"[.!?][\"'”’)]?(?=\s|$)")
 def clean_brief(text: str, truncated: bool = False) -> str:
     """The brief a reply holds, in normal form (:func:`~orchestrator.core.outline.normal_brief`), or "" when it
     holds none: code, headings, list markers, labels and lead-ins dropped, at most :data:`MAX_BRIEF_WORDS` words
-    ending on a sentence. ``truncated`` (the reply hit its token cap): cut back to its last complete sentence."""
+    ending on a sentence. ``truncated`` (the reply hit its token cap): cut back to its last complete sentence. A reply
+    caught in a repetition loop (:func:`~orchestrator.book.checks.loop_reason`) holds none: its first 150 words would
+    be one sentence over and over, carried by every section request."""
+    if loop_reason(text):
+        return ""
     for code in fenced_code(text):
         text = text.replace(code, "")
     lines: list[str] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -20,7 +21,7 @@ import anyio
 import orjson
 
 from ..core.config import Backend
-from ..core.reply import ANSWERS, FINISH_SYNONYMS, Reply
+from ..core.reply import ANSWERS, FINISH_SYNONYMS, STOPPED, Reply
 from .discover import auth_header as auth_header
 from .discover import discover as discover
 from .discover import short_error
@@ -176,20 +177,20 @@ class BackendClient:
 
     async def send(
         self, make_body: Callable[[], dict[str, Any]], *, attempt: int = 1,
-        on_delta: Callable[[str], None] | None = None,
+        on_delta: Callable[[str], None] | None = None, stop_when: Callable[[str], str | None] | None = None,
     ) -> list[Reply]:
         """One request, falling back from structured output: ``make_body()`` is sent; when it carried
         ``response_format`` and the server refused that (a 400 about it), the server is marked as one that does
         not take it and ``make_body()`` is sent again at once, now in text. Every reply comes back, the answer
         last (a refused request was a request too: it is counted and recorded)."""
         body = make_body()
-        reply = await self.chat(body, attempt=attempt, on_delta=on_delta)
+        reply = await self.chat(body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)
         if "response_format" not in body:
             return [reply]
         refused = not reply.ok and reply.status == 400 and _rejects_structured_output(reply.error)
         if refused and self.json_schema_ok is not True:
             self.json_schema_ok = False
-            return [reply, await self.chat(make_body(), attempt=attempt, on_delta=on_delta)]
+            return [reply, await self.chat(make_body(), attempt=attempt, on_delta=on_delta, stop_when=stop_when)]
         if reply.ok and _is_json(reply.text):
             # Only a reply that really is JSON proves the server honours the schema (some accept the field and
             # ignore it).
@@ -197,22 +198,33 @@ class BackendClient:
         return [reply]
 
     async def chat(
-        self, body: dict[str, Any], *, attempt: int = 1, on_delta: Callable[[str], None] | None = None
+        self, body: dict[str, Any], *, attempt: int = 1, on_delta: Callable[[str], None] | None = None,
+        stop_when: Callable[[str], str | None] | None = None,
     ) -> Reply:
         """One chat completion, streamed or (``"stream": false`` in ``body``) read whole. Every failure comes back as
-        a Reply with ``error`` set."""
+        a Reply with ``error`` set.
+
+        ``stop_when(delta)`` sees every content delta of a streamed answer after ``on_delta``; when it returns a
+        reason, reading stops at once (the connection is dropped, so the server stops generating) and the text so
+        far comes back as an answer with finish_reason :data:`STOPPED` (the caller's check then judges it: a section
+        caught in a repetition loop is asked again without waiting for the token cap)."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
         st = StreamState(body.get("max_tokens"))
         watch: Watch | None = None
+        if stop_when is not None:
+            on_delta = partial(_watched, on_delta, stop_when, lambda: watch)
         try:
             with anyio.CancelScope() as scope:
                 watch = Watch(scope, t0, self.deadline_for(body), whole=body.get("stream") is not True)
                 st.whole = watch.whole
                 self._watches.add(watch)
                 return await self._stream(body, attempt, on_delta, t0, st, watch)
-            # Only reached when the watchdog cancelled the scope.
+            # Only reached when the watchdog, or stop_when, cancelled the scope.
             assert watch is not None
+            if watch.stopped is not None:
+                st.finish = STOPPED
+                return self._reply(t0, attempt, "".join(st.parts), st)
             if time.monotonic() - t0 > watch.deadline:
                 return self._fail(t0, attempt, f"timed out: the request took longer than {watch.deadline:g} s", st,
                                   health=True)
@@ -311,6 +323,16 @@ class BackendClient:
             streamed=not st.whole,
             **outcome,
         )
+
+
+def _watched(on_delta: Callable[[str], None] | None, stop_when: Callable[[str], str | None],
+             watch: Callable[[], Watch | None], delta: str) -> None:
+    """``chat``'s ``on_delta`` with ``stop_when``: a reason from it stops the stream (``Watch.stop``)."""
+    if on_delta is not None:
+        on_delta(delta)
+    why = stop_when(delta)
+    if why is not None and (w := watch()) is not None:
+        w.stop(why)
 
 
 def _error_message(text: str) -> str:

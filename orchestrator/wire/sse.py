@@ -23,7 +23,7 @@ _DONE = b"[DONE]"
 class Watch:
     """Last-activity stamp of one in-flight stream, checked by its client's watchdog."""
 
-    __slots__ = ("deadline", "first", "last", "scope", "start", "whole")
+    __slots__ = ("deadline", "first", "last", "scope", "start", "stopped", "whole")
 
     def __init__(self, scope: anyio.CancelScope, now: float, deadline: float = float("inf"), *, whole: bool = False):
         self.scope = scope
@@ -32,6 +32,13 @@ class Watch:
         self.last = now
         self.first = False
         self.whole = whole  # an unstreamed request (wire/whole.py): timed by its deadline alone
+        self.stopped: str | None = None  # why the caller stopped reading (BackendClient.chat's stop_when)
+
+    def stop(self, why: str) -> None:
+        """End the stream now: its text so far is what the caller wanted (``stop_when`` saw enough)."""
+        if self.stopped is None:
+            self.stopped = why
+            self.scope.cancel()
 
 
 class MalformedStream(Exception):

@@ -110,7 +110,7 @@ class FakeClient:
     def __init__(self):
         self.calls: list[str] = []
 
-    async def send(self, make_body, *, attempt=1, on_delta=None):
+    async def send(self, make_body, *, attempt=1, on_delta=None, stop_when=None):
         body = make_body()
         self.calls.append(body["path"])
         return [reply(body["answer"])]

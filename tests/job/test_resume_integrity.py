@@ -127,7 +127,7 @@ def test_a_stored_section_answers_only_its_own_title(tmp_path):
     class Client:
         url = "u"
 
-        async def send(self, make_body, *, attempt=1, on_delta=None):
+        async def send(self, make_body, *, attempt=1, on_delta=None, stop_when=None):
             title = make_body()["title"]
             asked.append(title)
             return [Reply(f"New text for {title}.", "stop", 1, 2, "u", 0.0, 0.0, 1.0)]

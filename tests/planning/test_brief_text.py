@@ -38,8 +38,21 @@ def test_paragraphs_stay_apart_and_whitespace_is_normal():
 
 
 def test_a_long_reply_is_cut_back_to_a_sentence_within_the_limit():
-    sentence = "Every chapter returns to the bookshop and its orders, payments and refunds. "
-    brief = clean_brief(sentence * 40)
+    # prose past the limit (one sentence said forty times is a loop: below)
+    reply = (
+        "This handbook is for engineers who keep a small online bookshop running. Every chapter returns to the shop: "
+        "its orders, payments and refunds, the stock it counts each night, and the invoices it sends to publishers. "
+        "The voice is plain and direct, and each idea is shown on the shop before it is named. Terms keep one meaning "
+        "throughout: an order is what a customer confirms, a payment is money received, a refund is money sent back. "
+        "Early parts cover version control, testing and code review, because the shop's first outage came from an "
+        "untested change. Middle parts turn to data: the schema of the orders table, migrations that never lock it, "
+        "and reports the owners read on Monday mornings. Later parts cover deployment, monitoring and incidents, "
+        "with the night the payment provider timed out as the running example. Readers should know one programming "
+        "language and have shipped something small; nothing else is assumed. Exercises ask the reader to change the "
+        "shop, break it on purpose, and explain what the logs show. A glossary at the end repeats each term with the "
+        "page where it is defined, and every code sample runs against the shop's own repository."
+    )
+    brief = clean_brief(reply)
     assert 0 < len(brief.split()) <= MAX_BRIEF_WORDS
     assert brief.endswith(".") and brief == normal_brief(brief)
 
@@ -61,3 +74,10 @@ def test_fewer_than_the_minimum_words_is_no_brief():
     short = " ".join(["word"] * (MIN_BRIEF_WORDS - 2)) + "."
     assert clean_brief(short) == ""
     assert clean_brief(" ".join(["word"] * MIN_BRIEF_WORDS) + ".") != ""
+
+
+def test_a_reply_caught_in_a_loop_gives_none():
+    line = "This book is for engineers who maintain large systems and want them to stay simple. "
+    assert clean_brief(line * 2) == normal_brief(line * 2)  # said twice is not yet a loop
+    assert clean_brief((line + "\n") * 12) == ""
+    assert clean_brief(line * 12, truncated=True) == ""
