@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_
 
 from ..core.events import Delta, NodeFailed, NodeStarted
 from ..core.outline import level_of
-from ..core.reply import Reply
+from ..core.reply import STOPPED, Reply
 from ..core.states import NodeKind
 from ..wire.client import BackendClient
 from .fleet import Fleet
@@ -89,8 +89,10 @@ class Dispatcher:
 
     @classmethod
     def _wait(cls, state: RetryCallState) -> float:
-        base = cls._backoff(state)
         reply = state.outcome.result()[0] if state.outcome and not state.outcome.failed else None
+        if reply is not None and reply.finish_reason == STOPPED:
+            return 0.0  # we ended that answer ourselves (a loop caught as it streamed): its server is fine
+        base = cls._backoff(state)
         if reply is not None and reply.retry_after:
             return max(base, min(reply.retry_after, 60.0))
         return base

@@ -238,7 +238,7 @@ class Writer:
         outcome = await dispatcher.run(
             ref.path, NodeKind.SECTION, ref.title, build, check, priority=(1, order),
             restore=lambda stored: accepted_value(stored.value), keep=lambda value: {**value, "context": context},
-            context=context, affinity=affinity_key(ref, settings), watch=check.watcher,
+            context=context, affinity=affinity_key(ref, settings), watch=check.watcher if stream else None,
         )
         r = outcome.reply
         value = {**(outcome.value or {}), "context": context}

@@ -71,10 +71,10 @@ def clean_brief(text: str, truncated: bool = False) -> str:
     ending on a sentence. ``truncated`` (the reply hit its token cap): cut back to its last complete sentence. A reply
     caught in a repetition loop (:func:`~orchestrator.book.checks.loop_reason`) holds none: its first 150 words would
     be one sentence over and over, carried by every section request."""
-    if loop_reason(text):
-        return ""
     for code in fenced_code(text):
         text = text.replace(code, "")
+    if loop_reason(text):  # after the code is gone: a sample's repeated lines are no loop of the brief's
+        return ""
     lines: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()

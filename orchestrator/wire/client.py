@@ -204,22 +204,26 @@ class BackendClient:
         """One chat completion, streamed or (``"stream": false`` in ``body``) read whole. Every failure comes back as
         a Reply with ``error`` set.
 
-        ``stop_when(delta)`` sees every content delta of a streamed answer after ``on_delta``; when it returns a
-        reason, reading stops at once (the connection is dropped, so the server stops generating) and the text so
-        far comes back as an answer with finish_reason :data:`STOPPED` (the caller's check then judges it: a section
-        caught in a repetition loop is asked again without waiting for the token cap)."""
+        ``stop_when(delta)`` sees every content delta of a streamed answer after ``on_delta`` (an answer read whole
+        is not given to it); when it returns a reason, reading stops at once (the connection is dropped, so the
+        server stops generating) and the text so far comes back as an answer with finish_reason :data:`STOPPED` and
+        no usage (a server reports it in its last event): the caller's check judges it (a section caught in a
+        repetition loop is asked again without waiting for the token cap)."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
         st = StreamState(body.get("max_tokens"))
         watch: Watch | None = None
-        if stop_when is not None:
-            on_delta = partial(_watched, on_delta, stop_when, lambda: watch)
+        reader_delta: Callable[[str], str | None] | None = on_delta
+        if stop_when is not None and body.get("stream") is True:  # an answer read whole is judged whole, after
+            # The stream reader stops on the reason stop_when returns (sse.SseParser): given alone, it is called
+            # directly, one call a delta
+            reader_delta = stop_when if on_delta is None else partial(_watched, on_delta, stop_when)
         try:
             with anyio.CancelScope() as scope:
                 watch = Watch(scope, t0, self.deadline_for(body), whole=body.get("stream") is not True)
                 st.whole = watch.whole
                 self._watches.add(watch)
-                return await self._stream(body, attempt, on_delta, t0, st, watch)
+                return await self._stream(body, attempt, reader_delta, t0, st, watch)
             # Only reached when the watchdog, or stop_when, cancelled the scope.
             assert watch is not None
             if watch.stopped is not None:
@@ -253,7 +257,7 @@ class BackendClient:
             if watch is not None:
                 self._watches.discard(watch)
 
-    async def _stream(self, body: dict[str, Any], attempt: int, on_delta: Callable[[str], None] | None, t0: float,
+    async def _stream(self, body: dict[str, Any], attempt: int, on_delta: Callable[[str], str | None] | None, t0: float,
                       st: StreamState, watch: Watch) -> Reply:
         assert self._session is not None
         data = orjson.dumps(body)
@@ -325,14 +329,10 @@ class BackendClient:
         )
 
 
-def _watched(on_delta: Callable[[str], None] | None, stop_when: Callable[[str], str | None],
-             watch: Callable[[], Watch | None], delta: str) -> None:
-    """``chat``'s ``on_delta`` with ``stop_when``: a reason from it stops the stream (``Watch.stop``)."""
-    if on_delta is not None:
-        on_delta(delta)
-    why = stop_when(delta)
-    if why is not None and (w := watch()) is not None:
-        w.stop(why)
+def _watched(on_delta: Callable[[str], None], stop_when: Callable[[str], str | None], delta: str) -> str | None:
+    """``chat``'s ``on_delta`` and ``stop_when`` both: the stream reader stops on the reason stop_when returns."""
+    on_delta(delta)
+    return stop_when(delta)
 
 
 def _error_message(text: str) -> str:

@@ -95,7 +95,7 @@ class SseParser:
 
     __slots__ = ("append", "done", "lines", "on_delta", "pending", "received", "st", "watch")
 
-    def __init__(self, st: StreamState, watch: Watch, on_delta: Callable[[str], None] | None):
+    def __init__(self, st: StreamState, watch: Watch, on_delta: Callable[[str], str | None] | None):
         self.st = st
         self.watch = watch
         self.on_delta = on_delta
@@ -185,7 +185,11 @@ class SseParser:
                                       "honouring max_tokens")
             self.append(text)
             if self.on_delta is not None:
-                self.on_delta(text)  # ours: whatever it raises propagates as it is
+                # ours: whatever it raises propagates as it is; a reason it returns stops the stream (Watch.stop:
+                # BackendClient.chat's stop_when, called here directly, one call a delta, on the hot path)
+                why = self.on_delta(text)
+                if why is not None:
+                    watch.stop(why)
         if fr:
             st.finish = fr
         return False
@@ -253,7 +257,7 @@ def _field_value(v: bytes) -> bytes:
 
 
 async def read_events(
-    content: aiohttp.StreamReader, st: StreamState, watch: Watch, on_delta: Callable[[str], None] | None
+    content: aiohttp.StreamReader, st: StreamState, watch: Watch, on_delta: Callable[[str], str | None] | None
 ) -> bool:
     """Read a streamed completion from aiohttp into ``st`` until ``[DONE]`` (returns True) or the end of the body
     (False). Each read takes whatever bytes the socket delivered (usually one SSE event)."""

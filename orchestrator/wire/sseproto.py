@@ -68,7 +68,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.sent_at = 0.0  # when the last request was written
         self._start(None, None, None)
 
-    def _start(self, st: StreamState | None, watch: Watch | None, on_delta: Callable[[str], None] | None) -> None:
+    def _start(self, st: StreamState | None, watch: Watch | None, on_delta: Callable[[str], str | None] | None) -> None:
         self.st, self.watch, self.on_delta = st, watch, on_delta
         self.waiter: asyncio.Future[Any] | None = None
         self.sse: SseParser | WholeParser | None = None
@@ -82,7 +82,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.error: BaseException | None = None
 
     def request(self, data: bytes, st: StreamState, watch: Watch,
-                on_delta: Callable[[str], None] | None) -> asyncio.Future[Any]:
+                on_delta: Callable[[str], str | None] | None) -> asyncio.Future[Any]:
         self._start(st, watch, on_delta)
         self.busy = True
         self.sent_at = time.monotonic()
@@ -187,11 +187,17 @@ class _Conn(asyncio.BufferedProtocol):
             return
         try:
             if self.sse is not None:
-                w.set_result(Response(200, self.sse.close()))
+                response = Response(200, self.sse.close())
             else:
-                w.set_result(Response(self.status, body=self.body, retry_after=self.retry_after))
+                response = Response(self.status, body=self.body, retry_after=self.retry_after)
         except Exception as e:
-            w.set_exception(e)
+            if not w.done():
+                w.set_exception(e)
+            return
+        # Closing the parser hands its last content to on_delta, which may have stopped the request
+        # (BackendClient.chat's stop_when cancels the waiting task): then nobody waits for the result.
+        if not w.done():
+            w.set_result(response)
 
     def _parse_error(self, e: Exception) -> Exception:
         """What the parser raised (other than an error of ours it carried, ``self.error``), as aiohttp's: in the
@@ -245,7 +251,7 @@ class Pool:
         self._all: set[_Conn] = set()
 
     async def post(self, body: bytes, st: StreamState, watch: Watch,
-                   on_delta: Callable[[str], None] | None) -> Response:
+                   on_delta: Callable[[str], str | None] | None) -> Response:
         """Send one chat request and read its response into ``st``. Cancelled (the watchdog, the job), the
         connection is closed. After [DONE] the connection reads the rest of the body on its own, and goes back to
         the pool at its end.
@@ -269,7 +275,7 @@ class Pool:
         return await self._send(conn, data, st, watch, on_delta)
 
     async def _send(self, conn: _Conn, data: bytes, st: StreamState, watch: Watch,
-                    on_delta: Callable[[str], None] | None) -> Response:
+                    on_delta: Callable[[str], str | None] | None) -> Response:
         fut = conn.request(data, st, watch, on_delta)
         try:
             return await fut

@@ -31,7 +31,7 @@ class WholeParser:
 
     __slots__ = ("body", "done", "on_delta", "st", "watch")
 
-    def __init__(self, st: StreamState, watch: Watch, on_delta: Callable[[str], None] | None):
+    def __init__(self, st: StreamState, watch: Watch, on_delta: Callable[[str], str | None] | None):
         self.st = st
         self.watch = watch
         self.on_delta = on_delta
@@ -93,7 +93,7 @@ def _completion(body: bytes) -> tuple[str | None, str | None, tuple[int, int] | 
 
 
 async def read_whole(content: aiohttp.StreamReader, st: StreamState, watch: Watch,
-                     on_delta: Callable[[str], None] | None) -> bool:
+                     on_delta: Callable[[str], str | None] | None) -> bool:
     """Read an unstreamed completion from aiohttp into ``st`` (True: read whole)."""
     parser = WholeParser(st, watch, on_delta)
     while True:

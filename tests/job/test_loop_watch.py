@@ -86,6 +86,7 @@ def test_a_stopped_answer_is_never_accepted_and_its_re_ask_is_not_watched():
 
 @pytest.mark.parametrize("stream", ["always", "never"])
 def test_a_looping_section_is_asked_again_without_waiting_for_its_cap(tmp_path, stream):
+    """Streamed, the loop is dropped a few lines in; read whole (``never``), it is judged after, as before."""
     out = tmp_path / "book"
     with FakeServer("loops", section_chunk_delay=0.01) as srv:
         proc = handbook("A handbook of rivers", *ARGS, "--backend", srv.url, "--out", str(out),
@@ -102,7 +103,32 @@ def test_a_looping_section_is_asked_again_without_waiting_for_its_cap(tmp_path, 
     assert stats["request_errors"] == sections  # each refused first answer
     if stream == "always":  # each looping stream was dropped a few lines in, not read to its 400-token cap
         assert all(written < total / 4 for written, total in srv.loop_streams), srv.loop_streams
-    else:  # a whole answer is read whole, and refused after
-        assert all(written == total for written, total in srv.loop_streams), srv.loop_streams
     book = (out / "book.md").read_text()
     assert "The cache keeps every record" not in book
+
+
+@pytest.mark.parametrize("aiohttp_only", [False, True])
+def test_the_client_stops_a_stream_it_is_told_to_and_never_an_answer_read_whole(aiohttp_only):
+    """BackendClient.chat's stop_when, on both stream readers (sseproto, and aiohttp where it does not apply)."""
+    import anyio
+
+    from orchestrator import Backend
+    from orchestrator.wire.client import BackendClient
+
+    async def main(url: str) -> list[Reply]:
+        async with BackendClient(Backend(url), "fake-model") as client:
+            if aiohttp_only:
+                client._pool = None  # the reader for https, or after a head sseproto could not read
+            out = []
+            for stream in (True, False):
+                body = client.body([{"role": "user", "content": "Write the section"}], max_tokens=400,
+                                   temperature=0.0, stream=stream)
+                out.append(await client.chat(body, stop_when=LoopWatch()))
+            return out
+
+    with FakeServer("loops", section_chunk_delay=0.01) as srv:
+        streamed, whole = anyio.run(main, srv.url)
+    assert streamed.ok and streamed.finish_reason == STOPPED and loop_reason(streamed.text)
+    assert len(streamed.text) < 1600 / 4  # a few lines of the 400-token loop
+    assert srv.loop_streams[0][0] < srv.loop_streams[0][1] / 4
+    assert whole.ok and whole.finish_reason == "length" and len(whole.text) == 1600  # read whole: never stopped
