@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..book.assemble import Book
-from ..core.reply import Reply
+from ..core.reply import STOPPED, Reply
 from ..dispatch.dispatcher import REASK
 
 
@@ -72,21 +72,7 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         if rec.t_write_start is not None and rec.t_write_end is not None
         else 0.0
     )
-    per_backend = []
-    figures: Sequence[BackendFigures | None] = rec.fleet or (None,) * len(rec.backends)
-    for url, f in zip(rec.backends, figures, strict=True):
-        mine = [r for _, r in rec.replies if r.backend == url]
-        entry: dict[str, Any] = {
-            "url": url,
-            "sections": sum(1 for r in section_replies if r.backend == url and r.ok),
-            "tokens": sum(r.completion_tokens for r in mine),
-            "errors": sum(1 for r in mine if not r.ok),
-        }
-        if f is not None:
-            entry.update(max_in_flight=f.max_in_flight, cap=f.cap, left_rotation=f.left_rotation,
-                         probe_completions=f.probe_completions, probe_failures=f.probe_failures,
-                         probe_tokens=f.probe_tokens)
-        per_backend.append(entry)
+    per_backend = _per_backend(rec, section_replies)
     failed = [s.path for s in book.sections if s.failed]
     interrupted = [s.path for s in book.sections if s.interrupted]
     empty = [s.path for s in book.sections if s.empty]
@@ -117,6 +103,9 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "reask_requests": len(reask_replies),
         "reask_tokens": sum(r.completion_tokens for r in reask_replies),
         "request_errors": sum(1 for _, r in rec.replies if not r.ok),
+        # answers stopped as they streamed (a section caught in a repetition loop, asked again at once): in requests and
+        # request_errors; their tokens, in tokens_written, are counted one a delta read (no usage comes for them)
+        "stopped_answers": sum(1 for _, r in rec.replies if r.finish_reason == STOPPED),
         "failed_sections": len(failed),
         "interrupted_sections": len(interrupted),
         "empty_sections": len(empty),
@@ -136,6 +125,26 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     if rec.forecast is not None:
         stats["forecast"] = {**rec.forecast, "error": forecast_error(rec.forecast, stats)}
     return stats
+
+
+def _per_backend(rec: JobRecord, section_replies: list[Reply]) -> list[dict[str, Any]]:
+    """stats.json's ``per_backend``: each backend's sections, tokens and errors, and its fleet figures."""
+    per_backend = []
+    figures: Sequence[BackendFigures | None] = rec.fleet or (None,) * len(rec.backends)
+    for url, f in zip(rec.backends, figures, strict=True):
+        mine = [r for _, r in rec.replies if r.backend == url]
+        entry: dict[str, Any] = {
+            "url": url,
+            "sections": sum(1 for r in section_replies if r.backend == url and r.ok),
+            "tokens": sum(r.completion_tokens for r in mine),
+            "errors": sum(1 for r in mine if not r.ok),
+        }
+        if f is not None:
+            entry.update(max_in_flight=f.max_in_flight, cap=f.cap, left_rotation=f.left_rotation,
+                         probe_completions=f.probe_completions, probe_failures=f.probe_failures,
+                         probe_tokens=f.probe_tokens)
+        per_backend.append(entry)
+    return per_backend
 
 
 def power_keys(power: dict[str, Any] | None) -> dict[str, Any]:
@@ -175,7 +184,7 @@ def usage_warnings(rec: JobRecord) -> list[str]:
             continue
         counts = seen.setdefault(r.backend, [0, 0])
         counts[1] += 1
-        if r.completion_tokens == 0 and r.text.strip():
+        if r.completion_tokens == 0 and r.text.strip() and r.finish_reason != STOPPED:
             counts[0] += 1
     return [
         f"backend {url} returned no usage in {n} of {m} replies: tokens_written undercounts"

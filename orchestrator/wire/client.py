@@ -206,8 +206,9 @@ class BackendClient:
 
         ``stop_when(delta)`` sees every content delta of a streamed answer after ``on_delta`` (an answer read whole
         is not given to it); when it returns a reason, reading stops at once (the connection is dropped, so the
-        server stops generating) and the text so far comes back as an answer with finish_reason :data:`STOPPED` and
-        no usage (a server reports it in its last event): the caller's check judges it (a section caught in a
+        server stops generating) and the text so far comes back as an answer with finish_reason :data:`STOPPED`, its
+        completion tokens counted one a content delta (no usage came: a server reports it in its last event): the
+        caller's check judges it (a section caught in a
         repetition loop is asked again without waiting for the token cap)."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
@@ -228,6 +229,10 @@ class BackendClient:
             assert watch is not None
             if watch.stopped is not None:
                 st.finish = STOPPED
+                # No usage came (a server sends it in the last event): the tokens read so far are counted one a
+                # content delta (what vLLM and the simulator send), so tokens_written keeps what the server wrote
+                # for it, less the few it generated after the last delta read and before it saw the connection go
+                st.completion_tokens = max(st.completion_tokens, st.deltas)
                 return self._reply(t0, attempt, "".join(st.parts), st)
             if time.monotonic() - t0 > watch.deadline:
                 return self._fail(t0, attempt, f"timed out: the request took longer than {watch.deadline:g} s", st,

@@ -101,6 +101,8 @@ def test_a_looping_section_is_asked_again_without_waiting_for_its_cap(tmp_path, 
     assert len(srv.loop_streams) == sections
     assert stats["requests"] == stats["planning_requests"] + 2 * sections
     assert stats["request_errors"] == sections  # each refused first answer
+    assert stats["stopped_answers"] == (sections if stream == "always" else 0)
+    assert stats["warnings"] == []  # a stopped answer has no usage, and is no server that sends none
     if stream == "always":  # each looping stream was dropped a few lines in, not read to its 400-token cap
         assert all(written < total / 4 for written, total in srv.loop_streams), srv.loop_streams
     book = (out / "book.md").read_text()
@@ -130,5 +132,7 @@ def test_the_client_stops_a_stream_it_is_told_to_and_never_an_answer_read_whole(
         streamed, whole = anyio.run(main, srv.url)
     assert streamed.ok and streamed.finish_reason == STOPPED and loop_reason(streamed.text)
     assert len(streamed.text) < 1600 / 4  # a few lines of the 400-token loop
+    # no usage came: its tokens are the content deltas read (the fake sends 16 characters a delta)
+    assert streamed.completion_tokens == -(-len(streamed.text) // 16) > 0
     assert srv.loop_streams[0][0] < srv.loop_streams[0][1] / 4
     assert whole.ok and whole.finish_reason == "length" and len(whole.text) == 1600  # read whole: never stopped
