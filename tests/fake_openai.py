@@ -36,8 +36,11 @@ from local_http import LocalHTTPServer
 class FakeServer(LocalHTTPServer):
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
                  retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = (),
-                 section_chunk_delay: float = 0.0):
+                 section_chunk_delay: float = 0.0, strict_stream_options: bool = False):
         self.mode = mode
+        # refuse stream_options.continuous_usage_stats with a 400, as a server that validates the request and knows
+        # only include_usage does (the usage of a stream comes in its last event alone, whether asked or not)
+        self.strict_stream_options = strict_stream_options
         self.key = key
         self.stall_s = stall_s
         self.stall_count = stall_count
@@ -48,6 +51,7 @@ class FakeServer(LocalHTTPServer):
         self.sections_started = 0
         self.chat_requests: list[float] = []  # arrival times (time.monotonic())
         self.auth_seen: list[str] = []
+        self.bodies: list[dict] = []  # every chat request's JSON body, in arrival order
         self.loop_streams: list[tuple[int, int]] = []  # mode "loops": (chunks written, chunks in the answer)
         self._lock = threading.Lock()
 
@@ -91,6 +95,13 @@ class FakeServer(LocalHTTPServer):
             req = json.loads(raw)
         except ValueError:
             self._send(h, 400, b'{"error": {"message": "bad json"}}')
+            return
+        with self._lock:
+            self.bodies.append(req)
+        extra = sorted(set(req.get("stream_options") or {}) - {"include_usage"})
+        if self.strict_stream_options and extra:
+            msg = f"stream_options.{extra[0]}: Extra inputs are not permitted"
+            self._send(h, 400, json.dumps({"error": {"message": msg, "type": "BadRequestError"}}).encode())
             return
         if self.mode == "retry-after" and n <= self.stall_count:
             self._send(h, 429, b'{"error": {"message": "slow down"}}',

@@ -5,14 +5,43 @@ Pure, like :mod:`.defects`, whose :meth:`~.defects.Defects.to_markdown` calls :f
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .overlap import overlap_line
 
-if TYPE_CHECKING:
-    from .defects import Defects
-
 __all__ = ["defects_markdown"]
+
+
+class Defects(Protocol):
+    """What this module reads of :class:`.defects.Defects`; a protocol rather than an import, which would close
+    a cycle with the module that calls this one (the layer contracts forbid it, TYPE_CHECKING imports included)."""
+
+    @property
+    def duplicate_section_titles(self) -> dict[str, Any]: ...
+    @property
+    def unterminated_blocks(self) -> dict[str, Any]: ...
+    @property
+    def truncated_sections(self) -> dict[str, Any]: ...
+    @property
+    def empty_sections(self) -> dict[str, Any]: ...
+    @property
+    def failed_sections(self) -> dict[str, Any]: ...
+    @property
+    def code_blocks(self) -> dict[str, Any]: ...
+    @property
+    def near_duplicate_sections(self) -> dict[str, Any]: ...
+    @property
+    def looping_sections(self) -> dict[str, Any]: ...
+    @property
+    def words(self) -> dict[str, Any]: ...
+    @property
+    def repeated_titles(self) -> dict[str, Any]: ...
+    @property
+    def sibling_overlap(self) -> dict[str, Any]: ...
+    @property
+    def word_salad(self) -> dict[str, Any]: ...
+    @property
+    def assistant_talk(self) -> dict[str, Any]: ...
 
 
 def _md_escape(text: str) -> str:

@@ -184,7 +184,7 @@ def usage_warnings(rec: JobRecord) -> list[str]:
             continue
         counts = seen.setdefault(r.backend, [0, 0])
         counts[1] += 1
-        if r.completion_tokens == 0 and r.text.strip() and r.finish_reason != STOPPED:
+        if r.completion_tokens == 0 and r.text.strip():
             counts[0] += 1
     return [
         f"backend {url} returned no usage in {n} of {m} replies: tokens_written undercounts"

@@ -3,6 +3,7 @@ gets: used by the card's server (:mod:`.server`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from aiohttp import web
 from . import text as simtext
 from .engine import Stream
 
-__all__ = ["Ask", "Reply", "error", "read_ask"]
+__all__ = ["Ask", "Reply", "chunk_tail", "error", "read_ask"]
 
 
 def error(status: int, message: str, etype: str, headers: dict | None = None) -> web.Response:
@@ -31,6 +32,7 @@ class Ask:
     max_tokens: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Reply:
     created: int
     prompt_tokens: int
     include_usage: bool
+    continuous_usage: bool
     drop_at: int | None
 
 
@@ -79,4 +82,21 @@ def read_ask(body: Any, model_name: str, json_schema: bool, max_model_len: int) 
     stream = bool(body.get("stream", False))
     so = body.get("stream_options")
     include_usage = bool(stream and isinstance(so, dict) and so.get("include_usage"))
-    return Ask(body, prompt_tokens, max_tokens, stream, include_usage)
+    continuous = bool(include_usage and isinstance(so, dict) and so.get("continuous_usage_stats"))
+    return Ask(body, prompt_tokens, max_tokens, stream, include_usage, continuous)
+
+
+def chunk_tail(finish: str, prompt_tokens: int, continuous: bool) -> Callable[[int, bool], bytes]:
+    """What ends a stream's chunk after its delta, given the tokens sent so far and whether it is the last: the
+    finish reason, and with vLLM's ``continuous_usage_stats`` the usage so far (on every chunk, the role's too)."""
+    mid_open = b',"logprobs":null,"finish_reason":null}]'
+    fin_open = b',"logprobs":null,"finish_reason":"' + finish.encode() + b'","stop_reason":null}]'
+    if not continuous:
+        mid, fin = mid_open + b"}\n\n", fin_open + b"}\n\n"
+        return lambda _c, last: fin if last else mid
+
+    def tail(c: int, last: bool) -> bytes:
+        usage = b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (prompt_tokens, prompt_tokens + c, c)
+        return (fin_open if last else mid_open) + b',"usage":' + usage + b"}\n\n"
+
+    return tail

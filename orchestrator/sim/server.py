@@ -21,7 +21,7 @@ import orjson
 from aiohttp import hdrs, web
 
 from . import text as simtext
-from .chat import Ask, Reply, error, read_ask
+from .chat import Ask, Reply, chunk_tail, error, read_ask
 from .engine import Engine, EngineConfig, Stream
 from .faults import Faults
 from .metrics import CardMetrics
@@ -283,7 +283,8 @@ class Card:
         rid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         s = Stream(ask.prompt_tokens, n, self._blocks(ask)) if n > 0 else None
-        return Reply(s, pieces, n, finish, rid, created, ask.prompt_tokens, ask.include_usage, drop_at)
+        return Reply(s, pieces, n, finish, rid, created, ask.prompt_tokens, ask.include_usage,
+                     ask.continuous_usage, drop_at)
 
     def _blocks(self, ask: Ask) -> tuple[bytes, ...]:
         """The hashes of the prompt's full blocks, for the prefix cache (none without it: nothing to look up)."""
@@ -341,9 +342,8 @@ class Card:
         await resp.prepare(request)
         pre = (b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
                + str(created).encode() + b',"model":' + self._model_json + b',"choices":[{"index":0,"delta":')
-        mid = b',"logprobs":null,"finish_reason":null}]}\n\n'
-        fin = b',"logprobs":null,"finish_reason":"' + finish.encode() + b'","stop_reason":null}]}\n\n'
-        await resp.write(pre + b'{"role":"assistant","content":""}' + mid)  # also flushes the headers
+        tail = chunk_tail(finish, r.prompt_tokens, r.continuous_usage)
+        await resp.write(pre + b'{"role":"assistant","content":""}' + tail(0, False))  # also flushes the headers
         if s is not None:
             # The sink writes to the socket itself, framed as prepare() chose: chunked exactly when it said so in
             # the headers it sent (HTTP/1.1 without a length), plain for HTTP/1.0 (the connection then closes).
@@ -368,7 +368,7 @@ class Card:
                 if drop_at is not None and c >= drop_at:
                     c, last = drop_at, False
                     state["dead"] = True
-                data = pre + b'{"content":' + dumps("".join(pieces[sent:c])) + b"}" + (fin if last else mid)
+                data = pre + b'{"content":' + dumps("".join(pieces[sent:c])) + b"}" + tail(c, last)
                 state["sent"] = c
                 if chunked:
                     tr.write(b"%x\r\n%b\r\n" % (len(data), data))
@@ -385,7 +385,7 @@ class Card:
                     self._cut(request)
                 await s.wait()
         else:
-            await resp.write(pre + b'{"content":""}' + fin)
+            await resp.write(pre + b'{"content":""}' + tail(0, True))
         if r.include_usage:
             usage = {"prompt_tokens": r.prompt_tokens, "total_tokens": r.prompt_tokens + n, "completion_tokens": n}
             await resp.write(b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'

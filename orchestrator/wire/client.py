@@ -10,7 +10,6 @@ its server refuses it (``send``).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from functools import partial
@@ -26,6 +25,7 @@ from .discover import auth_header as auth_header
 from .discover import discover as discover
 from .discover import short_error
 from .hotpath import ConnectError, on_asyncio
+from .refusal import error_message, is_json, parse_retry_after, rejects_continuous_usage, rejects_structured_output
 from .sse import MalformedStream, StreamState, Watch, read_events
 from .sseproto import Pool, usable
 from .whole import read_whole
@@ -54,6 +54,10 @@ class BackendClient:
         # Does the server honour response_format? None until it answered a structured request with JSON (True) or
         # refused one with a 400 about it (False): see send().
         self.json_schema_ok: bool | None = None
+        # Does the server take stream_options.continuous_usage_stats (vLLM's and SGLang's: the usage so far on every
+        # chunk), asked for on a watched stream so that an answer stopped as it streams has its tokens counted? False
+        # once it refused it with a 400 naming it: see send().
+        self.continuous_usage_ok: bool | None = None
         self._key = backend.api_key or api_key or "EMPTY"
         self._connect_timeout = connect_timeout
         self._first_timeout = first_token_timeout
@@ -185,13 +189,21 @@ class BackendClient:
         last (a refused request was a request too: it is counted and recorded)."""
         body = make_body()
         reply = await self.chat(body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)
+        if (stop_when is not None and not reply.ok and reply.status == 400 and self.continuous_usage_ok is None
+                and rejects_continuous_usage(reply.error)):
+            # A server that knows no continuous usage stats: asked again at once without them (its stopped answers
+            # are then counted a token a content delta, see chat()).
+            self.continuous_usage_ok = False
+            return [reply, *await self.send(make_body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)]
+        if stop_when is not None and reply.ok and body.get("stream") is True and self.continuous_usage_ok is None:
+            self.continuous_usage_ok = True  # an answer to a request that asked for them
         if "response_format" not in body:
             return [reply]
-        refused = not reply.ok and reply.status == 400 and _rejects_structured_output(reply.error)
+        refused = not reply.ok and reply.status == 400 and rejects_structured_output(reply.error)
         if refused and self.json_schema_ok is not True:
             self.json_schema_ok = False
             return [reply, await self.chat(make_body(), attempt=attempt, on_delta=on_delta, stop_when=stop_when)]
-        if reply.ok and _is_json(reply.text):
+        if reply.ok and is_json(reply.text):
             # Only a reply that really is JSON proves the server honours the schema (some accept the field and
             # ignore it).
             self.json_schema_ok = True
@@ -206,16 +218,19 @@ class BackendClient:
 
         ``stop_when(delta)`` sees every content delta of a streamed answer after ``on_delta`` (an answer read whole
         is not given to it); when it returns a reason, reading stops at once (the connection is dropped, so the
-        server stops generating) and the text so far comes back as an answer with finish_reason :data:`STOPPED`, its
-        completion tokens counted one a content delta (no usage came: a server reports it in its last event): the
-        caller's check judges it (a section caught in a
-        repetition loop is asked again without waiting for the token cap)."""
+        server stops generating) and the text so far comes back as an answer with finish_reason :data:`STOPPED`: the
+        caller's check judges it (a section caught in a repetition loop is asked again without waiting for the token
+        cap). A watched stream asks for ``stream_options.continuous_usage_stats``, so that the stopped answer's
+        completion tokens are the server's own count of what it sent; from a server that refuses it (see send()) or
+        sends no usage before its last event, they are counted one a content delta, at least the number read."""
         assert self._session is not None, "use BackendClient as an async context manager"
         t0 = time.monotonic()
         st = StreamState(body.get("max_tokens"))
         watch: Watch | None = None
         reader_delta: Callable[[str], str | None] | None = on_delta
         if stop_when is not None and body.get("stream") is True:  # an answer read whole is judged whole, after
+            if self.continuous_usage_ok is not False:
+                body = {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             # The stream reader stops on the reason stop_when returns (sse.SseParser): given alone, it is called
             # directly, one call a delta
             reader_delta = stop_when if on_delta is None else partial(_watched, on_delta, stop_when)
@@ -228,12 +243,7 @@ class BackendClient:
             # Only reached when the watchdog, or stop_when, cancelled the scope.
             assert watch is not None
             if watch.stopped is not None:
-                st.finish = STOPPED
-                # No usage came (a server sends it in the last event): the tokens read so far are counted one a
-                # content delta (what vLLM and the simulator send), so tokens_written keeps what the server wrote
-                # for it, less the few it generated after the last delta read and before it saw the connection go
-                st.completion_tokens = max(st.completion_tokens, st.deltas)
-                return self._reply(t0, attempt, "".join(st.parts), st)
+                return self._stopped(t0, attempt, st)
             if time.monotonic() - t0 > watch.deadline:
                 return self._fail(t0, attempt, f"timed out: the request took longer than {watch.deadline:g} s", st,
                                   health=True)
@@ -282,6 +292,8 @@ class BackendClient:
                     return self._http_error(resp.status, resp.headers.get("Retry-After"), text, t0, attempt, st)
                 read = read_whole if watch.whole else read_events
                 done = await read(resp.content, st, watch, on_delta)
+        if watch.stopped is not None:  # the rest of the body was at hand: it ended before the stop's cancellation
+            return self._stopped(t0, attempt, st)
         if not done and st.finish is None:
             # The body ended without [DONE]: a cut stream unless we already have a finish reason.
             return self._fail(t0, attempt, "stream cut before it finished", st, health=True)
@@ -301,16 +313,26 @@ class BackendClient:
 
     def _http_error(self, status: int, retry_after: str | None, text: str, t0: float, attempt: int,
                     st: StreamState) -> Reply:
-        msg = _error_message(text)
+        msg = error_message(text)
         if status == 429:
             return self._fail(t0, attempt, "HTTP 429 rate limited", st, status=status,
-                              retry_after=_retry_after(retry_after))
+                              retry_after=parse_retry_after(retry_after))
         if status >= 500:
             return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), st, status=status, health=True)
         if status in (401, 403):
             return self._fail(t0, attempt, f"HTTP {status}: the server refused the API key", st, status=status,
                               retryable=False)
         return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), st, status=status, retryable=False)
+
+    def _stopped(self, t0: float, attempt: int, st: StreamState) -> Reply:
+        """The answer of a stream the caller stopped (stop_when), as far as it was read."""
+        st.finish = STOPPED
+        # Its tokens are the usage of the last event read where the server reports it as it goes (continuous usage
+        # stats); else no usage came (a server sends it in its last event) and they are counted one a content delta,
+        # the fewest it can be where a delta holds a token or more (vLLM and the simulator join several under load),
+        # so that tokens_written keeps at least what was read of it
+        st.completion_tokens = max(st.completion_tokens, st.deltas)
+        return self._reply(t0, attempt, "".join(st.parts), st)
 
     def _fail(self, t0: float, attempt: int, error: str, st: StreamState, *, status: int | None = None,
               health: bool = False, retryable: bool = True, retry_after: float | None = None) -> Reply:
@@ -338,44 +360,3 @@ def _watched(on_delta: Callable[[str], None], stop_when: Callable[[str], str | N
     """``chat``'s ``on_delta`` and ``stop_when`` both: the stream reader stops on the reason stop_when returns."""
     on_delta(delta)
     return stop_when(delta)
-
-
-def _error_message(text: str) -> str:
-    try:
-        data = orjson.loads(text)
-        err = data.get("error", data) if isinstance(data, dict) else data
-        if isinstance(err, dict):
-            return str(err.get("message") or err.get("detail") or "")[:200]
-        return str(err)[:200]
-    except (orjson.JSONDecodeError, ValueError):
-        return " ".join(text.split())[:200]
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
-
-_NOT_ABOUT_FORMAT = re.compile(
-    r"context length|context window|maximum context|too long|too many tokens|max_tokens|prompt is too long",
-    re.IGNORECASE,
-)
-
-
-def _rejects_structured_output(error: str | None) -> bool:
-    """Does a 400's message say the server cannot do ``response_format``? A 400 about something else (the
-    context length, say) must not switch structured output off for the whole run."""
-    # A bare "HTTP 400 Bad Request" may well be the schema: fall back unless the message says it is not.
-    return not _NOT_ABOUT_FORMAT.search(error or "")
-
-
-def _is_json(text: str) -> bool:
-    try:
-        orjson.loads(text.strip())
-    except orjson.JSONDecodeError:
-        return False
-    return True

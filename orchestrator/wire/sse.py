@@ -165,6 +165,10 @@ class SseParser:
         return self._event(b"\n".join(_field_value(v) for v in lines))
 
     def _event(self, payload: bytes) -> bool:
+        if self.watch.stopped is not None:
+            # The caller stopped the stream (its scope is cancelled): what came with the stop's piece is not read,
+            # so the answer is the text its check judged, and nothing the server sent after it can fail it
+            return False
         if payload.strip() == _DONE:
             self.done = True
             return True

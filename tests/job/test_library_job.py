@@ -77,6 +77,7 @@ def test_a_library_shares_one_fleet_and_writes_its_dataset(cards, tmp_path):
     assert all(cards.stats(i)["max_in_flight"] <= CAP for i in range(len(cards.urls)))
     assert requests_of(cards) - before == st["requests"] == st["requests_this_run"]
     assert (st["books"], st["books_done"], st["books_written"], st["failed_books"]) == (5, 5, 5, 0)
+    assert st["stopped_answers"] == 0  # summed over the books' stats.json: the simulator's prose never loops
     want = {f"book-{i}": 2 * (2 + i % 2) for i in range(5)}
     sections = pq.read_table(out / "sections.parquet").to_pylist()
     books = pq.read_table(out / "books.parquet").to_pylist()

@@ -132,7 +132,35 @@ def test_the_client_stops_a_stream_it_is_told_to_and_never_an_answer_read_whole(
         streamed, whole = anyio.run(main, srv.url)
     assert streamed.ok and streamed.finish_reason == STOPPED and loop_reason(streamed.text)
     assert len(streamed.text) < 1600 / 4  # a few lines of the 400-token loop
-    # no usage came: its tokens are the content deltas read (the fake sends 16 characters a delta)
+    # the fake takes continuous_usage_stats but sends usage only in its last event: the stopped answer's tokens
+    # are the content deltas read (16 characters a delta)
     assert streamed.completion_tokens == -(-len(streamed.text) // 16) > 0
+    assert srv.bodies[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert srv.bodies[1].get("stream_options") is None  # read whole: unwatched
     assert srv.loop_streams[0][0] < srv.loop_streams[0][1] / 4
     assert whole.ok and whole.finish_reason == "length" and len(whole.text) == 1600  # read whole: never stopped
+
+
+def test_a_server_that_refuses_continuous_usage_is_asked_again_without_it():
+    """A watched stream asks for stream_options.continuous_usage_stats; a server that refuses the field (a 400
+    naming it) is asked again at once without it, and never asked for it again: both replies come back."""
+    import anyio
+
+    from orchestrator import Backend
+    from orchestrator.wire.client import BackendClient
+
+    async def main(url: str) -> tuple[list[Reply], list[Reply], bool | None]:
+        async with BackendClient(Backend(url), "fake-model") as client:
+            body = client.body([{"role": "user", "content": "Write the section"}], max_tokens=400, temperature=0.0)
+            first = await client.send(lambda: body, stop_when=LoopWatch())
+            second = await client.send(lambda: body, stop_when=LoopWatch())
+            return first, second, client.continuous_usage_ok
+
+    with FakeServer("loops", section_chunk_delay=0.01, strict_stream_options=True) as srv:
+        first, second, ok = anyio.run(main, srv.url)
+    refused, answer = first
+    assert refused.status == 400 and "continuous_usage_stats" in (refused.error or "")
+    assert answer.ok and answer.finish_reason == STOPPED and ok is False
+    assert len(second) == 1 and second[0].finish_reason == STOPPED
+    assert [b.get("stream_options") for b in srv.bodies] == [
+        {"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True}, {"include_usage": True}]

@@ -86,6 +86,52 @@ def test_stream_shape_include_usage_and_length(fleet):
     assert r2["text"] == r["text"]
 
 
+def test_continuous_usage_stats_on_every_chunk(fleet):
+    """vLLM's stream_options.continuous_usage_stats: every content chunk carries the usage so far, the last one the
+    whole count; without include_usage it is ignored, as vLLM does."""
+    body = chat_body("Write the section \"Caching\" in about 250 words.", max_tokens=37, stream=True,
+                     stream_options={"include_usage": True, "continuous_usage_stats": True})
+    r = run(one(fleet.urls[0], body))
+    assert r["status"] == 200 and r["done"]
+    chunks = [e for e in r["events"][1:] if e["choices"]]
+    counts = [e["usage"]["completion_tokens"] for e in chunks]
+    seen = ""
+    for e, c in zip(chunks, counts, strict=True):
+        seen += e["choices"][0]["delta"]["content"]
+        assert c == len(simtext.tokenize(seen))  # the tokens sent so far, exactly
+        assert e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + c
+    assert counts == sorted(counts) and counts[-1] == 37 and r["events"][-1]["usage"]["completion_tokens"] == 37
+    plain = run(one(fleet.urls[0], {**body, "stream_options": {"continuous_usage_stats": True}}))
+    assert all("usage" not in e for e in plain["events"]) and plain["text"] == r["text"]
+
+
+def test_a_stopped_stream_counts_the_servers_tokens(fleet):
+    """A watched stream (BackendClient.chat's stop_when) asks for continuous usage: an answer stopped as it streams
+    counts the tokens the server reported with the last chunk read, not one a delta (the simulator sends up to
+    stream_interval, 4, a delta)."""
+    import anyio
+
+    from orchestrator import Backend
+    from orchestrator.core.reply import STOPPED
+    from orchestrator.wire.client import BackendClient
+
+    seen = []
+
+    def stop_after_six(delta: str) -> str | None:
+        seen.append(delta)
+        return "enough" if len(seen) == 6 else None
+
+    async def main() -> list:
+        async with BackendClient(Backend(fleet.urls[1]), MODEL) as client:
+            body = client.body([{"role": "user", "content": "Write the section \"Stops\" in about 250 words."}],
+                               max_tokens=400, temperature=0.0)
+            return await client.send(lambda: body, stop_when=stop_after_six)
+
+    (reply,) = anyio.run(main)
+    assert reply.ok and reply.finish_reason == STOPPED and reply.text == "".join(seen)
+    assert reply.completion_tokens == len(simtext.tokenize(reply.text)) > len(seen)  # 1 + 4 * 5 here
+
+
 def test_deterministic_answers(fleet):
     body = chat_body('Book: "B"\nPart: "P"\nChapter: "Unit Testing"\nWrite the section "Test Fixtures" in about '
                      "80 words of Markdown.", max_tokens=520)
