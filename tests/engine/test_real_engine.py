@@ -174,8 +174,9 @@ def test_streams_finish_length_and_counter_equals_usage(engine, streams):
 
 def test_a_dropped_stream_is_counted(engine):
     """An answer the client stops reading (BackendClient.chat's stop_when, which LoopWatch gives a section caught in a
-    loop) comes back with its tokens counted one a delta read; the server's counter runs past that by at most
-    STOPPED_SLACK a stream (what it wrote before it saw the connection go), never below it."""
+    loop) comes back with its tokens as the server counted them with the last chunk read (a watched stream asks for
+    vLLM's continuous_usage_stats); the server's counter runs past that by at most STOPPED_SLACK a stream (what it
+    wrote before it saw the connection go), never below it."""
     from orchestrator import Backend
     from orchestrator.core.reply import STOPPED
     from orchestrator.wire.client import BackendClient
