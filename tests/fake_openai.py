@@ -36,10 +36,11 @@ from local_http import LocalHTTPServer
 class FakeServer(LocalHTTPServer):
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
                  retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = (),
-                 section_chunk_delay: float = 0.0, strict_stream_options: bool = False):
+                 section_chunk_delay: float = 0.0, strict_stream_options: int = 0):
         self.mode = mode
-        # refuse stream_options.continuous_usage_stats with a 400, as a server that validates the request and knows
-        # only include_usage does (the usage of a stream comes in its last event alone, whether asked or not)
+        # a status (400, or 422: FastAPI's validation error) refusing stream_options.continuous_usage_stats, as a
+        # server that validates the request and knows only include_usage does (0: the field is taken, and the usage
+        # of a stream comes in its last event alone, whether asked or not)
         self.strict_stream_options = strict_stream_options
         self.key = key
         self.stall_s = stall_s
@@ -100,8 +101,13 @@ class FakeServer(LocalHTTPServer):
             self.bodies.append(req)
         extra = sorted(set(req.get("stream_options") or {}) - {"include_usage"})
         if self.strict_stream_options and extra:
-            msg = f"stream_options.{extra[0]}: Extra inputs are not permitted"
-            self._send(h, 400, json.dumps({"error": {"message": msg, "type": "BadRequestError"}}).encode())
+            msg = "Extra inputs are not permitted"
+            if self.strict_stream_options == 422:
+                body = {"detail": [{"type": "extra_forbidden", "loc": ["body", "stream_options", extra[0]], "msg": msg,
+                                    "input": True}]}
+            else:
+                body = {"error": {"message": f"stream_options.{extra[0]}: {msg}", "type": "BadRequestError"}}
+            self._send(h, self.strict_stream_options, json.dumps(body).encode())
             return
         if self.mode == "retry-after" and n <= self.stall_count:
             self._send(h, 429, b'{"error": {"message": "slow down"}}',

@@ -104,7 +104,8 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "reask_tokens": sum(r.completion_tokens for r in reask_replies),
         "request_errors": sum(1 for _, r in rec.replies if not r.ok),
         # answers stopped as they streamed (a section caught in a repetition loop, asked again at once): in requests and
-        # request_errors; their tokens, in tokens_written, are counted one a delta read (no usage comes for them)
+        # request_errors; their tokens, in tokens_written, are the usage of the last chunk read (a watched stream asks
+        # for continuous usage stats), else one a content delta read (BackendClient._stopped)
         "stopped_answers": sum(1 for _, r in rec.replies if r.finish_reason == STOPPED),
         "failed_sections": len(failed),
         "interrupted_sections": len(interrupted),

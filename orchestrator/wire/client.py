@@ -188,14 +188,16 @@ class BackendClient:
         not take it and ``make_body()`` is sent again at once, now in text. Every reply comes back, the answer
         last (a refused request was a request too: it is counted and recorded)."""
         body = make_body()
+        # What this request asks for, judged before it goes (many share the client: the flag may change meanwhile)
+        continuous = stop_when is not None and body.get("stream") is True and self.continuous_usage_ok is not False
         reply = await self.chat(body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)
-        if (stop_when is not None and not reply.ok and reply.status == 400 and self.continuous_usage_ok is None
-                and rejects_continuous_usage(reply.error)):
-            # A server that knows no continuous usage stats: asked again at once without them (its stopped answers
-            # are then counted a token a content delta, see chat()).
+        if continuous and not reply.ok and reply.status in (400, 422) and rejects_continuous_usage(reply.error):
+            # A server that knows no continuous usage stats (a 422: a FastAPI one's validation): asked again at once
+            # without them, as is every request asked for them before it said so; its stopped answers are then
+            # counted a token a content delta (see chat())
             self.continuous_usage_ok = False
             return [reply, *await self.send(make_body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)]
-        if stop_when is not None and reply.ok and body.get("stream") is True and self.continuous_usage_ok is None:
+        if continuous and reply.ok and self.continuous_usage_ok is None:
             self.continuous_usage_ok = True  # an answer to a request that asked for them
         if "response_format" not in body:
             return [reply]
@@ -229,7 +231,7 @@ class BackendClient:
         watch: Watch | None = None
         reader_delta: Callable[[str], str | None] | None = on_delta
         if stop_when is not None and body.get("stream") is True:  # an answer read whole is judged whole, after
-            if self.continuous_usage_ok is not False:
+            if self.continuous_usage_ok is not False:  # send() judges the same before it calls
                 body = {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             # The stream reader stops on the reason stop_when returns (sse.SseParser): given alone, it is called
             # directly, one call a delta

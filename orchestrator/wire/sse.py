@@ -111,6 +111,8 @@ class SseParser:
         """Read one piece of the body; True once ``[DONE]`` was read (what follows it is ignored)."""
         if self.done:
             return True
+        if self.watch.stopped is not None:  # the caller stopped the stream: nothing more is read (see _event)
+            return False
         self.received += len(data)
         if self.received > self.st.max_bytes:
             raise MalformedStream(f"the stream passed {self.st.max_bytes} bytes: the server is not honouring "
@@ -269,7 +271,14 @@ async def read_events(
     monotonic = time.monotonic
     read = content.readany
     while True:
-        data = await read()
+        try:
+            data = await read()
+        except (aiohttp.ClientError, OSError):
+            # what aiohttp already held when the caller stopped the stream (a cut it had seen): the answer stands as
+            # read (BackendClient._stream)
+            if watch.stopped is not None:
+                return False
+            raise
         if not data:  # end of body
             return parser.close()
         watch.last = monotonic()

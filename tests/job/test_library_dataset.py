@@ -313,6 +313,20 @@ def test_merge_refuses_missing_or_wrong_inputs(tmp_path):
     assert "\n" not in str(info.value)
 
 
+def test_a_librarys_run_counts_sum_its_books_stats():
+    """stats.json of a library: this run's requests, errors, stopped answers and resumed sections summed over the
+    books it wrote (RUN_COUNTS), a bool or a missing key counting nothing."""
+    from orchestrator.job.library_stats import RUN_COUNTS, Totals
+
+    t = Totals()
+    t.add({**STATS_0, "resumed_sections": 2}, {})
+    t.add({**STATS_1, "request_errors": True}, {})
+    assert {k: t.run_sums[k] for k in RUN_COUNTS} == {
+        "tokens_written": 140, "requests": 15, "planning_requests": 3, "request_errors": 1, "resumed_sections": 2,
+        "stopped_answers": 5}
+    assert t.written == 2
+
+
 def test_merge_stats_sums_counts_and_takes_the_longest_time():
     merged = merge_stats([("s0", STATS_0), ("s1", STATS_1), ("s2", {"books": True, "whole_job_s": 2})])
     assert merged["books"] == 3  # a bool is not a count

@@ -102,7 +102,7 @@ def test_a_looping_section_is_asked_again_without_waiting_for_its_cap(tmp_path, 
     assert stats["requests"] == stats["planning_requests"] + 2 * sections
     assert stats["request_errors"] == sections  # each refused first answer
     assert stats["stopped_answers"] == (sections if stream == "always" else 0)
-    assert stats["warnings"] == []  # a stopped answer has no usage, and is no server that sends none
+    assert stats["warnings"] == []  # a stopped answer's tokens are counted (one a delta here): no backend without usage
     if stream == "always":  # each looping stream was dropped a few lines in, not read to its 400-token cap
         assert all(written < total / 4 for written, total in srv.loop_streams), srv.loop_streams
     book = (out / "book.md").read_text()
@@ -141,26 +141,99 @@ def test_the_client_stops_a_stream_it_is_told_to_and_never_an_answer_read_whole(
     assert whole.ok and whole.finish_reason == "length" and len(whole.text) == 1600  # read whole: never stopped
 
 
-def test_a_server_that_refuses_continuous_usage_is_asked_again_without_it():
-    """A watched stream asks for stream_options.continuous_usage_stats; a server that refuses the field (a 400
-    naming it) is asked again at once without it, and never asked for it again: both replies come back."""
+@pytest.mark.parametrize("status", [400, 422])
+def test_a_server_that_refuses_continuous_usage_is_asked_again_without_it(status):
+    """A watched stream asks for stream_options.continuous_usage_stats; a server that refuses the field (a 400 or
+    422 naming it) is asked again at once without it, and never asked for it again: both replies come back. Many
+    at once: each request refused is asked again, whenever the refusal of another came back."""
     import anyio
 
     from orchestrator import Backend
     from orchestrator.wire.client import BackendClient
 
-    async def main(url: str) -> tuple[list[Reply], list[Reply], bool | None]:
+    async def main(url: str) -> tuple[list[list[Reply]], list[Reply], bool | None]:
         async with BackendClient(Backend(url), "fake-model") as client:
             body = client.body([{"role": "user", "content": "Write the section"}], max_tokens=400, temperature=0.0)
-            first = await client.send(lambda: body, stop_when=LoopWatch())
-            second = await client.send(lambda: body, stop_when=LoopWatch())
-            return first, second, client.continuous_usage_ok
+            first: list[list[Reply]] = [[] for _ in range(6)]
 
-    with FakeServer("loops", section_chunk_delay=0.01, strict_stream_options=True) as srv:
-        first, second, ok = anyio.run(main, srv.url)
-    refused, answer = first
-    assert refused.status == 400 and "continuous_usage_stats" in (refused.error or "")
-    assert answer.ok and answer.finish_reason == STOPPED and ok is False
-    assert len(second) == 1 and second[0].finish_reason == STOPPED
-    assert [b.get("stream_options") for b in srv.bodies] == [
-        {"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True}, {"include_usage": True}]
+            async def one(i: int) -> None:
+                first[i] = await client.send(lambda: body, stop_when=LoopWatch())
+
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(one, i)
+            later = await client.send(lambda: body, stop_when=LoopWatch())
+            return first, later, client.continuous_usage_ok
+
+    with FakeServer("loops", section_chunk_delay=0.01, strict_stream_options=status) as srv:
+        first, later, ok = anyio.run(main, srv.url)
+    asked = [b for b in srv.bodies if b["stream_options"].get("continuous_usage_stats")]
+    refused = [r for replies in first for r in replies if not r.ok]
+    assert ok is False and 1 <= len(asked) == len(refused) <= 6
+    assert all(r.status == status and "continuous_usage_stats" in (r.error or "") for r in refused)
+    assert all(replies[-1].ok and replies[-1].finish_reason == STOPPED for replies in first)
+    assert len(later) == 1 and later[0].finish_reason == STOPPED
+    plain = [b for b in srv.bodies if b["stream_options"] == {"include_usage": True}]
+    assert len(plain) == 6 + 1 and len(srv.bodies) == len(asked) + len(plain)
+
+
+def test_a_400_about_something_else_keeps_continuous_usage():
+    """Only a refusal naming the field turns continuous usage off; a context-length 400 is about the request."""
+    from orchestrator.wire.refusal import error_message, rejects_continuous_usage
+
+    assert not rejects_continuous_usage("This model's maximum context length is 2048 tokens. However, you requested "
+                                        "2600 tokens (2080 in the messages, 520 in the completion).")
+    assert not rejects_continuous_usage(None)
+    detail = '{"detail": [{"type": "extra_forbidden", "loc": ["body", "stream_options", "continuous_usage_stats"]}]}'
+    assert rejects_continuous_usage(error_message(detail))
+    assert rejects_continuous_usage(error_message('{"error": {"message": "stream_options.continuous_usage_stats: '
+                                                  'Extra inputs are not permitted"}}'))
+
+
+def test_what_follows_the_stop_is_not_read():
+    """Once the caller stopped a stream, the parser reads nothing more: not the rest of the piece the stop came in
+    (its text is not the answer's; a malformed event in it fails nothing), not a later piece past the byte cap."""
+    from types import SimpleNamespace
+
+    from orchestrator.wire.sse import SseParser, StreamState, Watch
+
+    st = StreamState(16)
+    cancelled = []
+    watch = Watch(SimpleNamespace(cancel=lambda: cancelled.append(True)), 0.0)  # a scope: what stop() cancels
+    parser = SseParser(st, watch, lambda delta: "loop" if "b" in delta else None)
+    ev = b'data: {"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":null}],"usage":' \
+         b'{"prompt_tokens":3,"completion_tokens":%d}}\n\n'
+    piece = ev % (b"a", 1) + ev % (b"b", 2) + ev % (b"c", 3) + b"data: {not json\n\n" + b"data: [DONE]\n\n"
+    assert parser.feed(piece) is False
+    assert watch.stopped == "loop" and cancelled == [True]
+    assert st.parts == ["a", "b"] and st.completion_tokens == 2 and not parser.done
+    assert parser.feed(b"x" * (st.max_bytes + 1)) is False and parser.close() is False  # no cap trips: not read
+    assert st.parts == ["a", "b"] and st.finish is None
+
+
+def test_a_body_read_whole_before_the_stop_lands_is_still_the_stopped_answer(monkeypatch):
+    """A reader that had the whole body at hand returns before the stop's cancellation reaches it (no await after
+    the stop): the answer is still the stopped one, never a stream cut."""
+    import anyio
+
+    from orchestrator import Backend
+    from orchestrator.wire import client as client_mod
+    from orchestrator.wire.sse import SseParser
+
+    async def read_at_once(content, st, watch, on_delta) -> bool:
+        parser = SseParser(st, watch, on_delta)
+        parser.feed(await content.read())  # the whole body, then no await: the cancellation never lands
+        return parser.close()
+
+    monkeypatch.setattr(client_mod, "read_events", read_at_once)
+
+    async def main(url: str) -> Reply:
+        async with client_mod.BackendClient(Backend(url), "fake-model") as client:
+            client._pool = None  # the aiohttp reader, patched above
+            body = client.body([{"role": "user", "content": "Write the section"}], max_tokens=400, temperature=0.0)
+            return await client.chat(body, stop_when=LoopWatch())
+
+    with FakeServer("loops") as srv:
+        reply = anyio.run(main, srv.url)
+    assert reply.ok and reply.finish_reason == STOPPED and loop_reason(reply.text), reply
+    assert len(reply.text) < 1600 / 2 and reply.completion_tokens == -(-len(reply.text) // 16)

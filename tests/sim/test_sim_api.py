@@ -93,6 +93,8 @@ def test_continuous_usage_stats_on_every_chunk(fleet):
                      stream_options={"include_usage": True, "continuous_usage_stats": True})
     r = run(one(fleet.urls[0], body))
     assert r["status"] == 200 and r["done"]
+    role = r["events"][0]
+    assert role["choices"][0]["delta"]["role"] == "assistant" and role["usage"]["completion_tokens"] == 0
     chunks = [e for e in r["events"][1:] if e["choices"]]
     counts = [e["usage"]["completion_tokens"] for e in chunks]
     seen = ""
