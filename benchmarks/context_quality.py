@@ -20,7 +20,9 @@ and counted from what each run left (outline.json, defects.json, stats.json):
     near-dup pairs     pairs of sections whose text largely repeats (defects.json near_duplicate_sections)
     5-gram share       the mean share of a section's word 5-grams that another section of its chapter holds
                        (book/overlap.py; defects.json sibling_overlap): a title of the book named in the prose is a
-                       name, which no 5-gram spans; in brackets every 5-gram counted (its every_gram)
+                       name, which no 5-gram spans; first as book.md prints the sections (its printed: without the
+                       model's talk to whoever asked, which a reader never meets), then as generated, and in
+                       brackets every 5-gram counted (its every_gram)
     python broken      Python blocks that still do not parse, of those checked (``ast``)
     talk               sections where the model talks to whoever asked ("I hope this helps!", "I made several changes
                        to ..."; book/talk.py, defects.json assistant_talk), and the words of it: book.md leaves it out
@@ -90,6 +92,7 @@ def measure(out: Path) -> dict:
         "near_duplicates": defects["near_duplicate_sections"]["count"],
         "rewritten": defects["near_duplicate_sections"].get("repaired", 0),
         "five_gram_share": defects["sibling_overlap"]["mean"],
+        "five_gram_share_printed": defects["sibling_overlap"].get("printed", defects["sibling_overlap"])["mean"],
         "five_gram_share_all": defects["sibling_overlap"].get("every_gram", defects["sibling_overlap"])["mean"],
         "python_checked": py_checked or 0,
         "python_broken": py_broken or 0,
@@ -133,7 +136,7 @@ def excerpts(out: Path, limit: int) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share (every 5-gram) | "
+    head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share printed; generated (every 5-gram) | "
             "python broken / checked (repaired) | talk (words) | requests | whole job s | vs none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = {r["prompt"]: r for r in rows if r["way"] == "none"}
@@ -143,7 +146,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['prompt'][:48]} | {r['way']} | {r['sections']} ({r['failed']} failed) | {r['titles_made']} | "
             f"{r['repeated_titles']} | "
-            f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share']:.1%} ({r['five_gram_share_all']:.1%}) | "
+            f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share_printed']:.1%}; {r['five_gram_share']:.1%} ({r['five_gram_share_all']:.1%}) | "
             f"{r['python_broken']} / "
             f"{r['python_checked']} ({r['code_repaired']}) | {r['talk']} ({r['talk_words']:,}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
     return "\n".join(lines)

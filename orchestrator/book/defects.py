@@ -37,7 +37,9 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
   an offer of more help, a report of the edits it made: :func:`.talk.talk_spans`), with ``words`` it holds and how
   it opens; book.md prints each section without it.
 - sibling overlap: each written section's share of distinct word 5-grams of its prose that another section of its
-  chapter also holds (:mod:`.overlap`), summarised (mean, p90, max, sections): how much a chapter repeats itself.
+  chapter also holds (:mod:`.overlap`), summarised (mean, p90, max, sections): how much a chapter repeats itself;
+  ``printed`` the same over the sections as book.md prints them (without the talk above: "let me know if you have
+  any questions" in two sections is no repetition a reader meets).
 """
 
 from __future__ import annotations
@@ -180,9 +182,12 @@ def _repeated_titles(book: Book) -> dict[str, Any]:
 
 def _sibling_overlap(written: list[SectionText], book: Book) -> dict[str, Any]:
     chapters: dict[str, dict[str, str]] = defaultdict(dict)
+    printed: dict[str, dict[str, str]] = defaultdict(dict)
     for s in written:
-        chapters[s.path.rsplit(".", 1)[0]][s.path] = s.text
-    return overlap_report(chapters, (title for _, title in book.outline.titles()))
+        chapter = s.path.rsplit(".", 1)[0]
+        chapters[chapter][s.path] = s.text
+        printed[chapter][s.path] = section_body(s)
+    return overlap_report(chapters, (title for _, title in book.outline.titles()), printed)
 
 
 def _unterminated(written: list[SectionText], scans: _Scans) -> dict[str, Any]:

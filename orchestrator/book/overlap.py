@@ -173,18 +173,26 @@ def share_summary(shares: Mapping[str, float]) -> dict[str, float | int]:
     }
 
 
-def overlap_report(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[str]) -> dict[str, Any]:
+def overlap_report(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[str],
+                   printed: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """``defects.json`` ``sibling_overlap``: the :func:`share_summary` of the shares with the book's ``titles`` set
-    apart as names, and ``every_gram``: its mean, p90 and max with every 5-gram counted (the measure before names)."""
+    apart as names, and ``every_gram``: its mean, p90 and max with every 5-gram counted (the measure before names).
+    ``printed``: the same sections as book.md prints them (the model's talk to whoever asked left out, salad and a
+    capped end cut): ``printed`` gives their mean, p90 and max, names set apart, what a reader of the book meets."""
+    titles = tuple(titles)
     named, every = sibling_shares(chapters, titles)
     out: dict[str, Any] = dict(share_summary(named))
     plain = share_summary(every)
     out["every_gram"] = {k: plain[k] for k in ("mean", "p90", "max")}
+    if printed is not None:
+        shown = share_summary(sibling_shares(printed, titles)[0])
+        out["printed"] = {k: shown[k] for k in ("mean", "p90", "max")}
     return out
 
 
 def overlap_line(report: Mapping[str, Any]) -> str:
     """``defects.md``'s words for an :func:`overlap_report`."""
     line = f"mean {report['mean']:.1%}, p90 {report['p90']:.1%}, max {report['max']:.1%}"
-    plain = report.get("every_gram")
-    return line + (f"; every 5-gram counted: mean {plain['mean']:.1%}" if plain else "")
+    plain, shown = report.get("every_gram"), report.get("printed")
+    line += f"; every 5-gram counted: mean {plain['mean']:.1%}" if plain else ""
+    return line + (f"; as book.md prints them: mean {shown['mean']:.1%}" if shown else "")

@@ -296,4 +296,20 @@ def test_repeated_titles_count_every_level_of_the_outline():
     assert rt["count"] == 4 and by_title == {"Testing": ["", "1.1"], "Basics": ["1", "1.1.2"],
                                              "Tools": ["1.2", "2.1"], "Mocks": ["1.1.1", "1.2.1"]}
     assert find_defects(book).to_json()["sibling_overlap"] == {"mean": 0.0, "p90": 0.0, "max": 0.0, "sections": 0,
-                                                               "every_gram": {"mean": 0.0, "p90": 0.0, "max": 0.0}}
+                                                               "every_gram": {"mean": 0.0, "p90": 0.0, "max": 0.0},
+                                                               "printed": {"mean": 0.0, "p90": 0.0, "max": 0.0}}
+
+
+def test_sibling_overlap_as_printed_leaves_the_talk_out():
+    """Two sections of a chapter that end on the same offer of help share its 5-grams as generated; book.md prints
+    them without it (book/talk.py), and ``printed`` counts what it prints."""
+    sign_off = "\n\nI hope this helps! Please let me know if you have any more questions or need further help."
+    texts = ["A cache keeps recently used results close to the code that needs them, so a repeated request skips "
+             "the slow trip to the database.",
+             "Message queues decouple producers from consumers: work piles up safely while workers restart."]
+    o = Outline("Systems", (Part("Parts", (Chapter("Speed", ("Caches", "Queues")),)),))
+    book = assemble(o, {f"1.1.{i + 1}": SectionText(f"1.1.{i + 1}", "Parts", "Speed", t, texts[i] + sign_off)
+                        for i, t in enumerate(("Caches", "Queues"))})
+    ov = find_defects(book).to_json()["sibling_overlap"]
+    assert ov["mean"] > 0.2 and ov["printed"] == {"mean": 0.0, "p90": 0.0, "max": 0.0}
+    assert "let me know" in book.sections[0].text and "let me know" not in book.markdown

@@ -225,3 +225,14 @@ def test_overlap_report_and_its_line():
     line = overlap_line(report)
     assert line.startswith("mean 0.0%, p90 0.0%, max 0.0%; every 5-gram counted: mean ")
     assert overlap_line({"mean": 0.25, "p90": 0.5, "max": 1.0}) == "mean 25.0%, p90 50.0%, max 100.0%"
+
+
+def test_overlap_report_as_printed():
+    """``printed``: the same sections as another text gives them (book.md's): its own shares, names set apart."""
+    as_written = {"ch": {"a": f"{CACHE} {SHARED}", "b": f"{QUEUE} {SHARED}"}}
+    as_printed = {"ch": {"a": CACHE, "b": QUEUE}}
+    report = overlap_report(as_written, [], as_printed)
+    assert report["mean"] > 0.0 and report["printed"] == {"mean": 0.0, "p90": 0.0, "max": 0.0}
+    assert overlap_line(report).endswith("; as book.md prints them: mean 0.0%")
+    assert overlap_report(as_printed, [], as_written)["printed"]["mean"] == report["mean"]
+    assert "printed" not in overlap_report(as_written, [])
