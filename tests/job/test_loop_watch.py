@@ -237,3 +237,35 @@ def test_a_body_read_whole_before_the_stop_lands_is_still_the_stopped_answer(mon
         reply = anyio.run(main, srv.url)
     assert reply.ok and reply.finish_reason == STOPPED and loop_reason(reply.text), reply
     assert len(reply.text) < 1600 / 2 and reply.completion_tokens == -(-len(reply.text) // 16)
+
+
+def test_a_cut_the_reader_had_seen_before_the_stop_landed_is_no_failure():
+    """aiohttp's reader (read_events) may hold a cut it saw before the stop's cancellation reaches it: once the
+    caller stopped the stream, that cut ends the reading, it fails nothing (the answer is the stopped one)."""
+    from types import SimpleNamespace
+
+    import aiohttp
+    import anyio
+
+    from orchestrator.wire.sse import StreamState, Watch, read_events
+
+    ev = b'data: {"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":null}]}\n\n'
+    pieces = [ev % b"a", ev % b"b"]
+
+    class Content:  # aiohttp.StreamReader's readany, then the cut it had seen
+        async def readany(self) -> bytes:
+            if pieces:
+                return pieces.pop(0)
+            raise aiohttp.ClientPayloadError("Response payload is not completed")
+
+    def run(stop_on: str) -> tuple[bool, StreamState]:
+        st = StreamState(16)
+        watch = Watch(SimpleNamespace(cancel=lambda: None), 0.0)
+        pieces[:] = [ev % b"a", ev % b"b"]
+        done = anyio.run(read_events, Content(), st, watch, lambda d: "loop" if d == stop_on else None)
+        return done, st
+
+    done, st = run("b")
+    assert done is False and st.parts == ["a", "b"]
+    with pytest.raises(aiohttp.ClientPayloadError):  # not stopped: the cut is a cut
+        run("never")
