@@ -113,13 +113,15 @@ def _unnamed(words: list[str], names: Names) -> Iterator[list[str]]:
     yield words[start:]
 
 
-def _gram_sets(text: str, names: Names) -> tuple[set[_Gram], set[_Gram]]:
-    """``text``'s distinct 5-grams with ``names`` set apart, and with every 5-gram counted: one pass over its words."""
+def _gram_sets(text: str, names: Names, every_gram: bool = True) -> tuple[set[_Gram], set[_Gram]]:
+    """``text``'s distinct 5-grams with ``names`` set apart, and with every 5-gram counted (left empty where names
+    are set apart and ``every_gram`` is False): one pass over its words."""
     named: set[_Gram] = set()
     every: set[_Gram] = set()
     for run in _prose_runs(text):
         words = _WORD.findall("\n".join(run).lower())
-        every.update(zip(*(words[k:] for k in range(GRAM))))
+        if every_gram or not names.seqs:
+            every.update(zip(*(words[k:] for k in range(GRAM))))
         if names.seqs:
             for part in _unnamed(words, names):
                 named.update(zip(*(part[k:] for k in range(GRAM))))
@@ -137,14 +139,19 @@ def sibling_shares(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[s
     apart as names (module docstring), and the same with every 5-gram counted; one pass over the text.
     ``chapters``: chapter key -> {section path -> text}; section paths are unique across the book (a path in two
     chapters is a ValueError)."""
-    names = title_words(titles)
+    return _shares(chapters, title_words(titles))
+
+
+def _shares(chapters: Mapping[str, Mapping[str, str]], names: Names, every_gram: bool = True
+            ) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`sibling_shares` with the titles indexed; ``every_gram`` False: the second is left empty."""
     named: dict[str, float] = {}
     every: dict[str, float] = {}
     for sections in chapters.values():
         if (twice := next((path for path in sections if path in named), None)) is not None:
             raise ValueError(f"section path {twice!r} is in more than one chapter")
-        held = {path: _gram_sets(text, names) for path, text in sections.items()}
-        for k, out in enumerate((named, every)):
+        held = {path: _gram_sets(text, names, every_gram) for path, text in sections.items()}
+        for k, out in enumerate((named, every) if every_gram else (named,)):
             holders = Counter(g for sets in held.values() for g in sets[k])
             for path, sets in held.items():
                 own = sets[k]
@@ -179,13 +186,13 @@ def overlap_report(chapters: Mapping[str, Mapping[str, str]], titles: Iterable[s
     apart as names, and ``every_gram``: its mean, p90 and max with every 5-gram counted (the measure before names).
     ``printed``: the same sections as book.md prints them (the model's talk to whoever asked left out, salad and a
     capped end cut): ``printed`` gives their mean, p90 and max, names set apart, what a reader of the book meets."""
-    titles = tuple(titles)
-    named, every = sibling_shares(chapters, titles)
+    names = title_words(titles)
+    named, every = _shares(chapters, names)
     out: dict[str, Any] = dict(share_summary(named))
     plain = share_summary(every)
     out["every_gram"] = {k: plain[k] for k in ("mean", "p90", "max")}
     if printed is not None:
-        shown = share_summary(sibling_shares(printed, titles)[0])
+        shown = share_summary(_shares(printed, names, every_gram=False)[0])  # the book's titles indexed once
         out["printed"] = {k: shown[k] for k in ("mean", "p90", "max")}
     return out
 
