@@ -189,7 +189,7 @@ class BackendClient:
         last (a refused request was a request too: it is counted and recorded)."""
         body = make_body()
         # What this request asks for, judged before it goes (many share the client: the flag may change meanwhile)
-        continuous = stop_when is not None and body.get("stream") is True and self.continuous_usage_ok is not False
+        continuous = self._asks_continuous_usage(body, stop_when)
         reply = await self.chat(body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)
         if continuous and not reply.ok and reply.status in (400, 422) and rejects_continuous_usage(reply.error):
             # A server that knows no continuous usage stats (a 422: a FastAPI one's validation): asked again at once
@@ -230,9 +230,9 @@ class BackendClient:
         st = StreamState(body.get("max_tokens"))
         watch: Watch | None = None
         reader_delta: Callable[[str], str | None] | None = on_delta
+        if self._asks_continuous_usage(body, stop_when):
+            body = {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         if stop_when is not None and body.get("stream") is True:  # an answer read whole is judged whole, after
-            if self.continuous_usage_ok is not False:  # send() judges the same before it calls
-                body = {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             # The stream reader stops on the reason stop_when returns (sse.SseParser): given alone, it is called
             # directly, one call a delta
             reader_delta = stop_when if on_delta is None else partial(_watched, on_delta, stop_when)
@@ -325,6 +325,11 @@ class BackendClient:
             return self._fail(t0, attempt, f"HTTP {status}: the server refused the API key", st, status=status,
                               retryable=False)
         return self._fail(t0, attempt, f"HTTP {status} {msg}".strip(), st, status=status, retryable=False)
+
+    def _asks_continuous_usage(self, body: dict[str, Any], stop_when: Callable[[str], str | None] | None) -> bool:
+        """Does ``chat`` ask for continuous usage stats with ``body``: a watched stream, to a server not known to
+        refuse them (send() asks the same before it calls)."""
+        return stop_when is not None and body.get("stream") is True and self.continuous_usage_ok is not False
 
     def _stopped(self, t0: float, attempt: int, st: StreamState) -> Reply:
         """The answer of a stream the caller stopped (stop_when), as far as it was read."""
