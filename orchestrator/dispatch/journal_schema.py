@@ -70,8 +70,12 @@ def open_db(
         if _has_tables(conn):
             raise ConfigError(f"{path} is an SQLite file of something else, not a handbook journal; "
                               "remove it, choose another --out, or pass --fresh")
+        # One transaction for the tables and the meta that says whose they are: executescript commits what is
+        # pending and runs its statements as they come, so the script opens the transaction itself (``with conn``
+        # then commits it, or rolls it back); a process killed between the two left tables without meta, which
+        # the next run refused as "an SQLite file of something else" (a kill -9 test in CI)
         with conn:
-            conn.executescript(_SCHEMA)
+            conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA)
             conn.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 [

@@ -102,6 +102,27 @@ def test_newer_schema_and_foreign_files_are_refused(tmp_path):
         Journal.open(other, "A book", Settings())
 
 
+def test_a_journal_is_created_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The tables and the meta that says whose they are come in one transaction: a process stopped between them
+    (here: writing the meta fails) leaves no half-made journal that the next run would refuse as a file of something
+    else (CI's kill -9 test once met one)."""
+    from orchestrator.dispatch import journal_schema
+
+    def dies(_value):
+        raise KeyboardInterrupt  # what a process stopped there leaves behind, as far as the file can tell
+
+    monkeypatch.setattr(journal_schema, "dumps", dies)
+    with pytest.raises(KeyboardInterrupt):
+        Journal.open(tmp_path, "A book", Settings())
+    db = sqlite3.connect(tmp_path / FILENAME)
+    assert db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall() == []
+    db.close()
+    monkeypatch.undo()
+    j = Journal.open(tmp_path, "A book", Settings())  # the next run makes it anew
+    assert not j.resumed
+    j.close()
+
+
 class FakeClient:
     """A backend that answers every request with the text its body asks for."""
 
