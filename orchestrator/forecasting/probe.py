@@ -2,10 +2,13 @@
 
 The probe is the bench's own machinery (:func:`orchestrator.bench.ladder.measure_level`: N streams per backend
 kept full, the figures read from the servers' generation-token counters) at a few stream levels up to the job's
-cap, every backend at once, with short windows: about 3 s a level. Each backend's step time at a level is
-``1000 x running / its own counted tok/s`` (the streams its gauge says ran, when it has one; a level the server
-could not hold still gives a true point that way), and ``a + b x N`` is fitted over the levels
-(:func:`orchestrator.bench.fit_step`).
+cap, every backend at once, with short windows: about 3 s a level, at most :data:`PROBE_MAX_WINDOW_S`. The levels
+stop at the most streams the job will run on one backend (``most``: ``job.forecast_file.job_sections``): a
+36-section book on one backend never runs 256 streams, and on a server that holds fewer (the embedded engine on two
+CPU cores holds about 90) a level of 256 measured preemption for minutes before the first planning request. Each
+backend's step time at a level is ``1000 x running / its own counted tok/s`` (the streams its gauge says ran, when
+it has one; a level the server could not hold still gives a true point that way), and ``a + b x N`` is fitted over
+the levels (:func:`orchestrator.bench.fit_step`).
 """
 
 from __future__ import annotations
@@ -38,27 +41,35 @@ PROBE_STEPS = 30  # ... and this many decoding steps (as the levels below predic
 PROBE_RAMP_S = 0.5  # the window opens this long after the level starts (and every stream has had a token)
 PROBE_INTERVAL_S = 0.25  # /metrics sampling: 8 samples a window
 PROBE_MAX_TOKENS = 512  # long replies: few streams end inside a window
+PROBE_MAX_WINDOW_S = 12.0  # ... but no longer than this: at a step of seconds (a server past what it holds, or
+# levels whose fit predicts one: the embedded engine's 64-stream level, read during its prefills, once predicted a
+# 181 s window at 256) the window holds fewer steps, each read to a larger error, rather than minutes of probing
 PROBE_FIRST_SAMPLE_S = 5.0  # a backend whose /metrics has not answered by then has no readable counter
 PROBE_DRAIN_S = 10.0
 PROBE_FILL_S = 30.0  # a level whose streams have not all started by then is not measured (a busy or small server)
 
 
-def probe_levels(cap: int) -> tuple[int, ...]:
-    """The stream levels a probe measures: the cap (where a job spends most of its time), a quarter of it and, on
-    caps of 64 and more, a sixteenth (the tail of a job, where few streams run); one level when the cap is 1."""
-    return tuple(sorted({max(1, cap // 16), max(1, cap // 4), cap} if cap >= 64 else {max(1, cap // 4), cap}))
+def probe_levels(cap: int, most: int | None = None) -> tuple[int, ...]:
+    """The stream levels a probe measures: the top (where a job spends most of its time), a quarter of it and, on
+    tops of 64 and more, a sixteenth (the tail of a job, where few streams run); one level when the top is 1. The
+    top is the cap, or ``most`` where that is lower: the most streams the job will run on one backend at once."""
+    top = cap if most is None else max(1, min(cap, most))
+    return tuple(sorted({max(1, top // 16), max(1, top // 4), top} if top >= 64 else {max(1, top // 4), top}))
 
 
-async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings) -> list[StepFit]:
+
+async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings, most: int | None = None
+                     ) -> list[StepFit]:
     """Fit every backend's step time from a short load at a few levels (all backends at once), read from the
-    servers' own counters. ``backends`` are (backend, model) as discovered. BackendError when no backend exposes
-    a readable token counter."""
+    servers' own counters. ``backends`` are (backend, model) as discovered; ``most``: the most streams the job will
+    run on one backend, when known (:func:`probe_levels`). BackendError when no backend exposes a readable token
+    counter."""
     if not backends:
         raise BackendError("no backend to probe")
     targets = [Target(replace(b, api_key=b.api_key or settings.api_key), model) for b, model in backends]
     urls = [t.url for t in targets]
     sampler = MetricsSampler(urls, interval=PROBE_INTERVAL_S)
-    levels = probe_levels(min(b.cap for b, _ in backends))
+    levels = probe_levels(min(b.cap for b, _ in backends), most)
     points: dict[str, list[dict[str, Any]]] = {u: [] for u in urls}
     try:
         async with anyio.create_task_group() as tg:
@@ -98,7 +109,7 @@ async def _load(sampler: MetricsSampler, targets: list[Target], levels: tuple[in
                            "give a `handbook bench` ladder.json with --ladder")
     numbers = itertools.count(1)
     for n in levels:
-        window = max(PROBE_WINDOW_S, PROBE_STEPS * _step_s(points, n))
+        window = _window(points, n)
         try:
             level = await measure_level(targets=targets, streams=n, window=window, ramp=PROBE_RAMP_S,
                                         max_tokens=PROBE_MAX_TOKENS, sampler=sampler, numbers=numbers,
@@ -114,6 +125,12 @@ async def _load(sampler: MetricsSampler, targets: list[Target], levels: tuple[in
         for url, own in _per_backend(level, urls).items():
             points[url].append(own)
         await wait_drained(sampler, urls, limit=PROBE_DRAIN_S)
+
+
+def _window(points: dict[str, list[dict[str, Any]]], streams: int) -> float:
+    """A level's measured window: :data:`PROBE_STEPS` steps as the levels measured so far predict them, within
+    [:data:`PROBE_WINDOW_S`, :data:`PROBE_MAX_WINDOW_S`]."""
+    return min(PROBE_MAX_WINDOW_S, max(PROBE_WINDOW_S, PROBE_STEPS * _step_s(points, streams)))
 
 
 def _step_s(points: dict[str, list[dict[str, Any]]], streams: int) -> float:

@@ -3,7 +3,8 @@ write. The model itself is :mod:`orchestrator.forecasting`; this module only gat
 
 Step times, first found wins: a budget already fitted this session; ``--ladder FILE`` (a `handbook bench`
 ladder.json); the fits recorded in ``DIR/forecast.json`` by an earlier ``handbook plan`` when they name exactly
-these backends and caps; else a short probe of the backends' own counters.
+these backends and caps; else a short probe of the backends' own counters, whose levels stop at the sections the job
+will write where that is known (:func:`job_sections`): no backend runs more streams than that at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..dispatch.journal_schema import peek_job
 from ..forecasting import Forecast, StepFit, fit_budget, fits_from_ladder, probe_fits
 from .section_prompt import section_context
 
-__all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "written_paths"]
+__all__ = ["FORECAST_FILE", "Budget", "fits_for", "forecast_json", "job_sections", "written_paths"]
 
 log = logging.getLogger("handbook")
 
@@ -69,8 +70,19 @@ class Budget:
         return cls(chosen, f"budget: {sentence}", tuple(fits), forecast)
 
 
+def job_sections(settings: Settings, outline: Outline | None) -> int | None:
+    """How many sections the job writes: the outline's, else the shape's; None when a budget (``--pages``,
+    ``--minutes``) is still to choose the shape."""
+    if outline is not None:
+        return outline.shape[2]
+    if settings.pages is not None or settings.minutes is not None:
+        return None
+    return settings.parts * settings.chapters * settings.sections
+
+
 async def fits_for(usable: list[tuple[Backend, str]], settings: Settings, out_dir: Path,
-                   budget: Budget | None = None) -> list[StepFit]:
+                   budget: Budget | None = None, sections: int | None = None) -> list[StepFit]:
+    """Step times, first found wins (module docstring); ``sections``: :func:`job_sections`, the probe's top level."""
     if budget is not None and budget.fits:
         return list(budget.fits)
     backends = [b for b, _ in usable]
@@ -79,7 +91,7 @@ async def fits_for(usable: list[tuple[Backend, str]], settings: Settings, out_di
     recorded = _recorded_fits(out_dir / FORECAST_FILE, backends)
     if recorded is not None:
         return recorded
-    return await probe_fits(usable, settings)
+    return await probe_fits(usable, settings, most=sections)
 
 
 def _recorded_fits(path: Path, backends: list[Backend]) -> list[StepFit] | None:

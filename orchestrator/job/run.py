@@ -45,7 +45,7 @@ from ..views.timeline import RunTimeline
 from ..wire.sseproto import event_loop_options
 from .connect import backends_up, discover_all, open_clients
 from .finish import JobInfo, Planned, Result, publish, save_book, save_plan, write_json
-from .forecast_file import FORECAST_FILE, Budget, fits_for, forecast_json, written_paths
+from .forecast_file import FORECAST_FILE, Budget, fits_for, forecast_json, job_sections, written_paths
 from .options import Bus as _Bus
 from .options import Mode, Options, SharedFleet, default_out, prepare_out
 from .section_prompt import check_templates
@@ -337,15 +337,15 @@ class _Job:
             self.mode.outline is not None and (self.out_dir / FORECAST_FILE).exists())
         if not wanted:
             return [], None
+        outline = self.mode.outline or journal.outline
         try:
-            fits = await fits_for(usable, settings, self.out_dir, self.budget)
+            fits = await fits_for(usable, settings, self.out_dir, self.budget, job_sections(settings, outline))
         except BackendError as e:
             self.no_forecast = str(e)  # a forecast is a help, not the job: say why there is none, and go on
             log.warning("no forecast: %s", e)
             return [], None
         if self.mode.plan_only:
             return fits, None  # forecast after planning, of the outline it made (save_plan)
-        outline = self.mode.outline or journal.outline
         done = set() if outline is None else written_paths(outline, journal, settings,
                                                             resolve_profile(settings, usable[0][1]))
         data = forecast_json(forecast_of(outline, settings, fits, planned=outline is not None, done=done), self.budget)

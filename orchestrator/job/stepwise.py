@@ -28,6 +28,7 @@ from ..dispatch.journal_schema import peek_job
 from ..forecasting import Forecast, fits_from_ladder, forecast, probe_fits
 from .connect import backends_up, discover_all
 from .finish import Planned, Result
+from .forecast_file import job_sections
 from .run import Mode, Options, default_out, session
 
 __all__ = ["aforecast", "aplan", "awrite", "forecast_of", "plan", "plan_job", "write", "write_settings"]
@@ -133,12 +134,13 @@ def write(outline: Outline | str | os.PathLike[str], backends: Sequence[Backend 
 async def aforecast(outline: Outline | None = None, backends: Sequence[Backend | str] | None = None,
                     settings: Settings | None = None) -> Forecast:
     """What making ``outline`` (None: a book of ``settings``' shape, planning included) would take on ``backends``:
-    step times from ``settings.ladder`` or a short probe of each backend's counters."""
+    step times from ``settings.ladder`` or a short probe of each backend's counters (up to the streams the book
+    can run at once)."""
     settings = settings or Settings()
     async with backends_up(backends, settings) as bk:
         usable = await discover_all(bk, settings)
         fits = (fits_from_ladder(settings.ladder, [b for b, _ in usable]) if settings.ladder
-                else await probe_fits(usable, settings))
+                else await probe_fits(usable, settings, most=job_sections(settings, outline)))
     return forecast(outline, settings, fits, planned=outline is not None)
 
 

@@ -229,3 +229,34 @@ def test_probe_reads_the_simulators_engine_model(sim_fleet):
 def test_probe_without_counters_says_so():
     with FakeServer("ok") as srv, pytest.raises(BackendError, match="no backend has a readable token counter"):
         anyio.run(_probe, [srv.url], 8)
+
+
+def test_a_probe_measures_no_level_past_what_the_job_runs():
+    from orchestrator.forecasting.probe import probe_levels
+
+    assert probe_levels(256) == (16, 64, 256)
+    assert probe_levels(256, most=36) == (9, 36)  # the embedded engine's 3 x 3 x 4 book
+    assert probe_levels(256, most=1536) == (16, 64, 256)  # the cap is lower: the reference's book
+    assert probe_levels(8, most=0) == (1,)
+
+
+def test_the_probes_top_level_is_the_jobs_sections_unless_a_budget_chooses_them():
+    from orchestrator.job.forecast_file import job_sections
+
+    outline = Outline("B", (Part("P", (Chapter("C", ("a", "b", "c")), Chapter("D", ("e",)))),))
+    assert job_sections(Settings(parts=3, chapters=3, sections=4), None) == 36
+    assert job_sections(Settings(parts=3, chapters=3, sections=4), outline) == 4  # the outline's, as edited
+    assert job_sections(Settings(pages=40), None) is None
+    assert job_sections(Settings(minutes=2.0), outline) == 4
+
+
+def test_a_levels_window_holds_thirty_predicted_steps_within_bounds():
+    from orchestrator.forecasting import probe
+
+    def points(a_ms: float, b_ms: float) -> dict[str, list[dict[str, float]]]:
+        return {"u": [{"streams": n, "step_ms": a_ms + b_ms * n} for n in (4, 16)]}
+
+    assert probe._window({"u": []}, 64) == probe.PROBE_WINDOW_S  # nothing measured yet
+    assert probe._window(points(20, 0.25), 256) == pytest.approx(probe.PROBE_STEPS * 0.084)  # 30 steps of 84 ms
+    # a fit that predicts seconds a step (a server past what it holds) is measured for a bounded time
+    assert probe._window(points(270, 20), 256) == probe.PROBE_MAX_WINDOW_S

@@ -121,6 +121,9 @@ def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path, c
     assert {"sections", "tokens", "pages", "whole_job_s", "per_backend", "inputs"} <= set(fc)
     assert fc["sections"] == 12 and fc["tokens"] > 0 and fc["pages"] > 0 and fc["whole_job_s"] > 0
     assert sum(b["sections"] for b in fc["per_backend"]) == 12
+    # the forecast's probe loaded no backend past the 12 streams this book can run at once (the cap is 256)
+    levels = [int(n) for f in fc["inputs"]["fits"] for n in re.findall(r"\d+", f["source"].split("(", 1)[1])]
+    assert levels and max(levels) == 12
     outline = read_outline_md(out / "outline.md")
     assert outline.shape == (2, 4, 12)
 
