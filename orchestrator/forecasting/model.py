@@ -41,13 +41,16 @@ ASSEMBLE_S_PER_SECTION = 0.00003
 @dataclass(frozen=True)
 class StepFit:
     """One backend's decoding step: ``a_ms + b_ms x running streams`` wall milliseconds; ``cap`` is the job's
-    in-flight cap for it; ``source`` says where the fit comes from ("ladder FILE", "probe", ...)."""
+    in-flight cap for it; ``source`` says where the fit comes from ("ladder FILE", "probe", ...); ``streams``: the
+    most streams it was measured at, where that is below the cap (a probe stopped at a small book's sections), so
+    that a later job running more is not forecast on a line extrapolated past its points; None: up to the cap."""
 
     url: str
     a_ms: float
     b_ms: float
     cap: int
     source: str
+    streams: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,12 @@
 The probe is the bench's own machinery (:func:`orchestrator.bench.ladder.measure_level`: N streams per backend
 kept full, the figures read from the servers' generation-token counters) at a few stream levels up to the job's
 cap, every backend at once, with short windows: about 3 s a level, at most :data:`PROBE_MAX_WINDOW_S`. The levels
-stop at the most streams the job will run on one backend (``most``: ``job.forecast_file.job_sections``): a
-36-section book on one backend never runs 256 streams, and on a server that holds fewer (the embedded engine on two
-CPU cores holds about 90) a level of 256 measured preemption for minutes before the first planning request. Each
-backend's step time at a level is ``1000 x running / its own counted tok/s`` (the streams its gauge says ran, when
-it has one; a level the server could not hold still gives a true point that way), and ``a + b x N`` is fitted over
-the levels (:func:`orchestrator.bench.fit_step`).
+stop at the sections the job writes (``most``: ``job.forecast_file.job_sections``; no backend runs more than that at
+once, but for a planning request beside them): a 36-section book on one backend never runs 256 streams, and on a
+server that holds fewer (the embedded engine on two CPU cores holds about 90) a level of 256 measured preemption for
+minutes before the first planning request. Each backend's step time at a level is ``1000 x running / its own
+counted tok/s`` (the streams its gauge says ran, when it has one; a level the server could not hold still gives a
+true point that way), and ``a + b x N`` is fitted over the levels (:func:`orchestrator.bench.fit_step`).
 """
 
 from __future__ import annotations
@@ -87,12 +87,17 @@ async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings
     fleet_a = sum(f[0] for f in counted.values()) / len(counted)
     fleet_b = sum(f[1] for f in counted.values()) / len(counted)
     out = []
+    # the top level measured, where it is below a backend's cap (a level the server could not fill ends the probe
+    # below it, but the fit still holds what the server can run: it is kept as measured to the cap)
+    top = {b.url: (levels[-1] if levels[-1] < b.cap else None) for b, _ in backends}
     for (b, _), url in zip(backends, urls, strict=True):
         if url in counted:
             a, bm = counted[url]
-            out.append(StepFit(url, a, bm, b.cap, f"probe ({', '.join(str(n) for n in levels)} streams)"))
+            out.append(StepFit(url, a, bm, b.cap, f"probe ({', '.join(str(n) for n in levels)} streams)",
+                               top[url]))
         else:  # no counter on this one: the others' mean (a fleet is usually one kind of server)
-            out.append(StepFit(url, fleet_a, fleet_b, b.cap, "probe: no token counter here; the other backends' mean"))
+            out.append(StepFit(url, fleet_a, fleet_b, b.cap, "probe: no token counter here; the other backends' mean",
+                               top[url]))
     return out
 
 

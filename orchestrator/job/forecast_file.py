@@ -3,8 +3,9 @@ write. The model itself is :mod:`orchestrator.forecasting`; this module only gat
 
 Step times, first found wins: a budget already fitted this session; ``--ladder FILE`` (a `handbook bench`
 ladder.json); the fits recorded in ``DIR/forecast.json`` by an earlier ``handbook plan`` when they name exactly
-these backends and caps; else a short probe of the backends' own counters, whose levels stop at the sections the job
-will write where that is known (:func:`job_sections`): no backend runs more streams than that at once.
+these backends and caps and measured up to the streams this job runs; else a short probe of the backends' own
+counters, whose levels stop at the sections the job will write where that is known (:func:`job_sections`): no backend
+runs many more streams than that at once (a planning request may run beside them).
 """
 
 from __future__ import annotations
@@ -70,12 +71,12 @@ class Budget:
         return cls(chosen, f"budget: {sentence}", tuple(fits), forecast)
 
 
-def job_sections(settings: Settings, outline: Outline | None) -> int | None:
+def job_sections(settings: Settings, outline: Outline | None, budget: Budget | None = None) -> int | None:
     """How many sections the job writes: the outline's, else the shape's; None when a budget (``--pages``,
-    ``--minutes``) is still to choose the shape."""
+    ``--minutes``) is still to choose the shape (``budget``: the one that chose it, whose settings keep the budget)."""
     if outline is not None:
         return outline.shape[2]
-    if settings.pages is not None or settings.minutes is not None:
+    if budget is None and (settings.pages is not None or settings.minutes is not None):
         return None
     return settings.parts * settings.chapters * settings.sections
 
@@ -88,14 +89,16 @@ async def fits_for(usable: list[tuple[Backend, str]], settings: Settings, out_di
     backends = [b for b, _ in usable]
     if settings.ladder:
         return fits_from_ladder(settings.ladder, backends)
-    recorded = _recorded_fits(out_dir / FORECAST_FILE, backends)
+    recorded = _recorded_fits(out_dir / FORECAST_FILE, backends, sections)
     if recorded is not None:
         return recorded
     return await probe_fits(usable, settings, most=sections)
 
 
-def _recorded_fits(path: Path, backends: list[Backend]) -> list[StepFit] | None:
-    """The fits an earlier forecast.json recorded, when they are for exactly these backends and caps."""
+def _recorded_fits(path: Path, backends: list[Backend], sections: int | None = None) -> list[StepFit] | None:
+    """The fits an earlier forecast.json recorded, when they are for exactly these backends and caps, and were
+    measured up to the streams this job runs (``sections``, None: the cap): a probe of a small book's levels is not
+    a fit for a bigger one (an edited outline, a budget choosing its shape)."""
     try:
         data = orjson.loads(path.read_bytes())
         fits = {(f.url, f.cap): f for f in (StepFit(**f) for f in data["inputs"]["fits"])}
@@ -104,6 +107,9 @@ def _recorded_fits(path: Path, backends: list[Backend]) -> list[StepFit] | None:
     chosen = [fits.get((b.url, b.cap)) for b in backends]
     if not all(chosen):
         return None
+    for b, f in zip(backends, chosen, strict=True):
+        if f is not None and f.streams is not None and f.streams < min(b.cap, sections or b.cap):
+            return None
     return [f if f.source.startswith(path.name) else replace(f, source=f"{path.name} ({f.source})")
             for f in chosen if f is not None]
 

@@ -338,8 +338,9 @@ class _Job:
         if not wanted:
             return [], None
         outline = self.mode.outline or journal.outline
+        sections = job_sections(settings, outline, self.budget)
         try:
-            fits = await fits_for(usable, settings, self.out_dir, self.budget, job_sections(settings, outline))
+            fits = await fits_for(usable, settings, self.out_dir, self.budget, sections)
         except BackendError as e:
             self.no_forecast = str(e)  # a forecast is a help, not the job: say why there is none, and go on
             log.warning("no forecast: %s", e)

@@ -241,13 +241,35 @@ def test_a_probe_measures_no_level_past_what_the_job_runs():
 
 
 def test_the_probes_top_level_is_the_jobs_sections_unless_a_budget_chooses_them():
-    from orchestrator.job.forecast_file import job_sections
+    from orchestrator.job.forecast_file import Budget, job_sections
 
     outline = Outline("B", (Part("P", (Chapter("C", ("a", "b", "c")), Chapter("D", ("e",)))),))
     assert job_sections(Settings(parts=3, chapters=3, sections=4), None) == 36
     assert job_sections(Settings(parts=3, chapters=3, sections=4), outline) == 4  # the outline's, as edited
     assert job_sections(Settings(pages=40), None) is None
     assert job_sections(Settings(minutes=2.0), outline) == 4
+    chosen = Settings(pages=40, parts=2, chapters=2, sections=3)  # a budget's chosen shape keeps its --pages
+    assert job_sections(chosen, None, Budget(chosen, "budget: ...")) == 12
+
+
+def test_recorded_fits_are_reused_only_up_to_the_streams_they_were_measured_at(tmp_path):
+    from orchestrator.job.forecast_file import _recorded_fits
+
+    url = "http://127.0.0.1:9001/v1"
+    path = tmp_path / "forecast.json"
+
+    def record(**extra: object) -> None:
+        fit = {"url": url, "a_ms": 20.0, "b_ms": 0.5, "cap": 256, "source": "probe (3, 12 streams)", **extra}
+        path.write_text(json.dumps({"inputs": {"fits": [fit]}}))
+
+    backends = [Backend(url, cap=256)]
+    record(streams=12)
+    assert [f.streams for f in _recorded_fits(path, backends, 12) or []] == [12]  # the same book: reused
+    assert _recorded_fits(path, backends, 150) is None  # an outline edited to 150 sections: probed again
+    assert _recorded_fits(path, backends, None) is None  # a budget choosing its shape: probed again
+    assert _recorded_fits(path, [Backend(url, cap=8)], None) is None  # another cap: another fit, as before
+    record()  # measured to the cap (or written before the field was kept)
+    assert _recorded_fits(path, backends, 1536) is not None
 
 
 def test_a_levels_window_holds_thirty_predicted_steps_within_bounds():

@@ -124,6 +124,7 @@ def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path, c
     # the forecast's probe loaded no backend past the 12 streams this book can run at once (the cap is 256)
     levels = [int(n) for f in fc["inputs"]["fits"] for n in re.findall(r"\d+", f["source"].split("(", 1)[1])]
     assert levels and max(levels) == 12
+    assert {f["streams"] for f in fc["inputs"]["fits"]} == {12}  # a bigger job in this folder probes again
     outline = read_outline_md(out / "outline.md")
     assert outline.shape == (2, 4, 12)
 
