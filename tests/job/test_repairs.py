@@ -1,5 +1,6 @@
 """Checked afterwards, asked again once (job/repairs.py), through the real CLI against a scripted server: a section
-whose Python does not parse is sent back with the error and its line and replaced only by a text that parses; the
+whose Python does not parse is sent back with the error and its line and replaced only by a text that parses (and
+keeps its code: a re-ask that drops the example repairs nothing); the
 later of two near-duplicate sections is asked again, told what the other says, and replaced only by a text that no
 longer repeats it; defects.json and defects.md say so; a rerun repeats no repair; --no-repairs asks nothing more."""
 
@@ -28,7 +29,9 @@ def _answer(req: Request) -> Answer:
                 assert "line 4" in last or "line 3" in last, last  # the error's line within the section
                 return Answer(f"{prose(req.title)}\n\n{FIXED}\n\nThat is all.")
             return Answer(f"{prose(req.title)}\n\n{BROKEN}\n\nThat is all.")
-        if req.title == "Basics 2":  # broken every time: still broken, the first text kept
+        if req.title == "Basics 2":  # broken, then told: drops the code instead (no repair: the first text kept)
+            if "does not parse" in last:
+                return Answer(f"{prose(req.title)}\n\nThe example is left out.")
             return Answer(f"{prose(req.title)}\n\n{BROKEN}\n\nDone.")
         if req.title in ("Practice 1", "Practice 2"):  # the same text: Practice 2 is asked again
             if "Another section" in last:
