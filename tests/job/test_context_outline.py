@@ -141,8 +141,11 @@ def test_the_small_profile_asks_no_brief_and_sends_the_chapters_titles(tmp_path)
     assert len(sections) == 8
     for r in sections:
         text = _user(r)
-        assert "each written separately: Basics 1; Basics 2; Basics 3; Basics 4." in text or \
-            "each written separately: Practice 1; Practice 2; Practice 3; Practice 4." in text
-        assert text.rstrip().endswith(f'Explain "{r.title}" in about 250 words. Use short paragraphs and one '
-                                      "example. Keep to this one topic.")
+        assert text.startswith(('Topics of "Basics", each written separately: Basics 1; Basics 2; Basics 3; '
+                                'Basics 4.\n', 'Topics of "Practice", each written separately: Practice 1; '
+                                'Practice 2; Practice 3; Practice 4.\n')), text
+        # the book is named in the section's own line: a first line "This is a <book>." made the model describe
+        # "the document" (templates/prompts/section_small_outline.j2)
+        assert text.rstrip().endswith(f'Explain "{r.title}" in about 250 words for the test book. Use short paragraphs '
+                                      "and one example. Keep to this one topic.")
     assert "brief" not in json.loads((out / "outline.json").read_text())
