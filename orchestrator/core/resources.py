@@ -32,12 +32,19 @@ def bundled_templates() -> Path:
 
 def template_dirs(override: str | Path | None = None, sub: str = "") -> list[Path]:
     """The folders to load templates from, first match wins: ``override/sub`` (when given), then the bundled
-    ``sub`` folder. A missing override folder is a :class:`ConfigError`."""
+    ``sub`` folder. A missing override folder is a :class:`ConfigError`, and so is a template of ``sub`` put at the
+    override's top (``DIR/section.j2`` for ``DIR/prompts/section.j2``), which would otherwise be silently unused."""
     bundled = bundled_templates() / sub if sub else bundled_templates()
     if override is None or override == "":
         return [bundled]
     folder = Path(override).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"--templates {override}: not a directory")
+    if sub:
+        misplaced = sorted(p.name for p in folder.glob("*.j2")
+                           if (bundled / p.name).is_file() and not (folder / sub / p.name).is_file())
+        if misplaced:
+            raise ConfigError(f"--templates {override}: {misplaced[0]} is a {sub} template: put it in "
+                              f"{Path(override) / sub}/ (the layout of the bundled templates folder)")
     folder = folder.resolve() / sub if sub else folder.resolve()
     return [folder, bundled] if folder != bundled else [bundled]

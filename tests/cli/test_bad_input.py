@@ -261,3 +261,17 @@ def test_secrets_never_written(card, tmp_path):
         assert SECRET[-12:].encode() not in data, p
     for p in (proc, proc2):
         assert SECRET not in p.stdout + p.stderr
+
+
+def test_a_prompt_template_put_at_the_top_of_templates_is_an_error_not_ignored(card, tmp_path):
+    # prompts live in DIR/prompts/ as in the bundled folder; one put in DIR itself would never be read
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "section.j2").write_text("Write {{ section }}.")
+    line = one_line_error(handbook("A book", "--backend", card, "--templates", str(tmp_path / "tpl"), *SMALL,
+                                   "--out", str(tmp_path / "o")), 2)
+    assert "section.j2 is a prompts template" in line and str(tmp_path / "tpl" / "prompts") in line
+    (tmp_path / "tpl" / "prompts").mkdir()
+    (tmp_path / "tpl" / "prompts" / "section.j2").write_text("Write {{ section }}.")
+    proc = handbook("A book", "--backend", card, "--templates", str(tmp_path / "tpl"), *SMALL, "--context", "none",
+                    "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
