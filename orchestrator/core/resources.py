@@ -33,16 +33,17 @@ def bundled_templates() -> Path:
 def template_dirs(override: str | Path | None = None, sub: str = "") -> list[Path]:
     """The folders to load templates from, first match wins: ``override/sub`` (when given), then the bundled
     ``sub`` folder. A missing override folder is a :class:`ConfigError`, and so is a template of ``sub`` put at the
-    override's top (``DIR/section.j2`` for ``DIR/prompts/section.j2``), which would otherwise be silently unused."""
+    top of an override that has no ``sub`` folder (``DIR/section.j2`` for ``DIR/prompts/section.j2``), which would
+    otherwise be silently unused; beside a ``DIR/sub`` folder, a top-level file of that name is taken for the user's
+    own (a partial their ``book.html.j2`` includes)."""
     bundled = bundled_templates() / sub if sub else bundled_templates()
     if override is None or override == "":
         return [bundled]
     folder = Path(override).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"--templates {override}: not a directory")
-    if sub:
-        misplaced = sorted(p.name for p in folder.glob("*.j2")
-                           if (bundled / p.name).is_file() and not (folder / sub / p.name).is_file())
+    if sub and not (folder / sub).is_dir():  # with a DIR/sub, a top-level file of that name is the user's own
+        misplaced = sorted(p.name for p in folder.glob("*.j2") if (bundled / p.name).is_file())
         if misplaced:
             raise ConfigError(f"--templates {override}: {misplaced[0]} is a {sub} template: put it in "
                               f"{Path(override) / sub}/ (the layout of the bundled templates folder)")

@@ -7,9 +7,9 @@ repeats none (``Journal.record``: the value's ``code_repair`` / ``dedupe``).
 
 * **Code** (:func:`repair_code`, right after a section is accepted): a fenced block whose language has a parser at
   hand (``book/codecheck.py``: Python, JSON, TOML, YAML) and does not parse sends the section back once, with the errors
-  and their lines; the new text replaces the first only if every one of its checked blocks parses and it keeps, in
-  each broken language, as many checked blocks as were broken (else the first stays, and ``defects.json`` counts its
-  blocks ``still_broken``).
+  and their lines; the new text replaces the first only if every one of its checked blocks parses and it keeps as
+  many closed blocks as were broken, of any language (else the first stays, and ``defects.json`` counts its blocks
+  ``still_broken``).
 * **Near-duplicates** (:func:`repair_duplicates`, once every section is in): of each near-duplicate pair
   (``book/textscan.near_duplicates``, the defect report's definition: :func:`partners_within`) the later section
   is asked again, told the other's title and first sentence; the new text replaces it only if it no longer nearly
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..book.assemble import SectionText
 from ..book.checks import loop_reason
-from ..book.codecheck import CodeReport, LanguageCounts, check_code, repair_note
+from ..book.codecheck import CodeReport, check_code, repair_note
 from ..book.crossdup import CrossIndex
 from ..book.textscan import near_duplicates
 from ..core.events import NodeFinished
@@ -105,12 +105,11 @@ async def repair_code(dispatcher: Dispatcher, journal: Journal, path: str, done:
 
 
 def _parses_and_keeps(first: CodeReport, new: CodeReport) -> bool:
-    """Every checked block of the new text parses, and it has, in each language that was broken, at least as many
-    checked blocks as were broken: a re-ask that drops the code it was asked to fix (prose where the example was)
-    repairs nothing, and would make "still broken: 0" say nothing about that section."""
-    return not new.errors and all(
-        (new.languages.get(lang) or LanguageCounts()).checked >= counts.broken
-        for lang, counts in first.languages.items() if counts.broken)
+    """Every checked block of the new text parses, and it has at least as many closed blocks, of any language, as the
+    first had broken: a re-ask that drops the code it was asked to fix (prose where the example was) repairs nothing,
+    and would make "still broken: 0" say nothing about that section. Any language counts, tagged or not: a shell
+    session tagged Python is fixed by tagging it ``bash``, and a model may drop the tag of a block it corrects."""
+    return not new.errors and new.seen - new.cut >= first.broken
 
 
 @dataclass(frozen=True)

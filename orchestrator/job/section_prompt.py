@@ -3,7 +3,9 @@
 ``none`` is the reference's request: the book, part and chapter titles and the section's own. ``outline`` adds,
 before the section's own line, the book's brief, the part's chapter titles and the chapter's section titles, in an
 order that gives all sections of a chapter the longest shared prompt prefix (book and brief, then part, then
-chapter; the section's own line last), which vLLM's automatic prefix caching computes once per card. The template
+chapter; the section's own line last; the small profile's template puts a person's brief, then the chapter's
+topics, and names the book in the section's own line), which vLLM's automatic prefix caching computes once per card.
+The template
 is the profile's section template with ``_outline`` after its name (``section_outline.j2``,
 ``section_small_outline.j2``), overridable in ``--templates`` like every other.
 
