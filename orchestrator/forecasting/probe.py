@@ -57,7 +57,6 @@ def probe_levels(cap: int, most: int | None = None) -> tuple[int, ...]:
     return tuple(sorted({max(1, top // 16), max(1, top // 4), top} if top >= 64 else {max(1, top // 4), top}))
 
 
-
 async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings, most: int | None = None
                      ) -> list[StepFit]:
     """Fit every backend's step time from a short load at a few levels (all backends at once), read from the
@@ -87,17 +86,16 @@ async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings
     fleet_a = sum(f[0] for f in counted.values()) / len(counted)
     fleet_b = sum(f[1] for f in counted.values()) / len(counted)
     out = []
-    # the top level measured, where it is below a backend's cap (a level the server could not fill ends the probe
-    # below it, but the fit still holds what the server can run: it is kept as measured to the cap)
-    top = {b.url: (levels[-1] if levels[-1] < b.cap else None) for b, _ in backends}
     for (b, _), url in zip(backends, urls, strict=True):
+        # the top level asked for, where it is below the cap (a level the server could not fill ends the probe
+        # below it, but the fit then holds what the server can run: it is kept as measured to the top)
+        top = levels[-1] if levels[-1] < b.cap else None
         if url in counted:
             a, bm = counted[url]
-            out.append(StepFit(url, a, bm, b.cap, f"probe ({', '.join(str(n) for n in levels)} streams)",
-                               top[url]))
+            out.append(StepFit(url, a, bm, b.cap, f"probe ({', '.join(str(n) for n in levels)} streams)", top))
         else:  # no counter on this one: the others' mean (a fleet is usually one kind of server)
             out.append(StepFit(url, fleet_a, fleet_b, b.cap, "probe: no token counter here; the other backends' mean",
-                               top[url]))
+                               top))
     return out
 
 
