@@ -16,7 +16,9 @@ and nothing else of the job (no re-ask, no repair). The variants:
 
 and each book is counted as defects.json counts it: the mean share of a section's word 5-grams that a sibling also
 holds, as book.md prints the sections (book/overlap.py; titles set apart, the model's talk left out), and as
-generated; the sections cut at the token cap; the completion tokens; the wall seconds of the book.
+generated; the sections that write about a document instead of their topic ("the document", "the text", "the
+chapter": what a first line "This is a <book>." made SmolLM2-135M do, templates/prompts/section_small_outline.j2);
+the sections cut at the token cap; the completion tokens; the wall seconds of the book.
 
 With no --backend the embedded engine must be running (`handbook engine start`); its URL is read from
 `handbook engine status --json`.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +46,8 @@ from orchestrator.core.config import Settings
 from orchestrator.core.outline import Outline
 from orchestrator.core.profiles import PROFILES
 from orchestrator.job.section_prompt import section_text
+
+DOCUMENT_TALK = re.compile(r"\b(?:the|this) (?:document|text|passage|article|chapter)\b", re.IGNORECASE)
 
 
 def engine_url() -> str:
@@ -84,6 +89,7 @@ async def book(url: str, model: str, outline: Outline, settings: Settings, profi
     shares_printed, _ = sibling_shares(printed, titles)
     shares_generated, _ = sibling_shares(generated, titles)
     return {"printed": statistics.mean(shares_printed.values()), "generated": statistics.mean(shares_generated.values()),
+            "document_talk": sum(bool(DOCUMENT_TALK.search(t)) for t, _, _ in answers),
             "capped": sum(f == "length" for _, f, _ in answers), "tokens": sum(t for *_, t in answers),
             "seconds": seconds}
 
@@ -117,13 +123,14 @@ async def run(args: argparse.Namespace, variants: dict[str, Settings]) -> int:
     url = (args.backend or engine_url()).rstrip("/")
     async with aiohttp.ClientSession() as session, session.get(f"{url}/models") as r:
         model = (await r.json())["data"][0]["id"]
-    print(f"{'outline':<12} {'rep':>3} {'variant':<10} {'printed':>8} {'generated':>9} {'capped':>6} "
+    print(f"{'outline':<12} {'rep':>3} {'variant':<10} {'printed':>8} {'generated':>9} {'doc talk':>8} {'capped':>6} "
           f"{'tokens':>7} {'seconds':>7}")
     for name_of, outline in zip(args.names, args.outlines, strict=True):
         for rep in range(args.reps):
             for name, settings in variants.items():
                 m = await book(url, model, outline, settings, args.profile, args.max_tokens)
                 print(f"{name_of:<12} {rep:>3} {name:<10} {m['printed']:>8.2%} {m['generated']:>9.2%} "
+                      f"{m['document_talk']:>8} "
                       f"{m['capped']:>6} {m['tokens']:>7,} {m['seconds']:>7.0f}", flush=True)
     return 0
 
