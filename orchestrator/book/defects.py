@@ -223,14 +223,14 @@ def _word_salad(written: list[SectionText]) -> dict[str, Any]:
 
 def _talk(written: list[SectionText]) -> dict[str, Any]:
     """Sections whose text, as generated, talks to whoever asked for it (:func:`.talk.talk_spans`): how it opens, how
-    many words it holds, and whether it ends the section (``at``: "start", "end" or "both"); ``words``: all of them.
+    many words it holds, and where it is (``at``: :attr:`.talk.Talk.at`, "start", "end", "both" or "within");
+    ``words``: all of them.
     book.md prints every one without it."""
     items = []
     for s in written:
         if talk := s.talk:
-            at = "start" if talk.tail is None else "end" if talk.lead is None else "both"
-            shown = (talk.tail, len(s.text)) if talk.tail is not None else talk.lead or (0, 0)
-            items.append(_ref(s, talk=_first_line(s.text[shown[0]:shown[1]], 80), at=at,
+            shown = (talk.tail, len(s.text)) if talk.tail is not None else talk.spans(len(s.text))[0]
+            items.append(_ref(s, talk=_first_line(s.text[shown[0]:shown[1]], 80), at=talk.at,
                               words=sum(count_words(s.text[a:b]) for a, b in talk.spans(len(s.text)))))
     return _listing(items, words=sum(it["words"] for it in items))
 

@@ -11,6 +11,8 @@ from .overlap import overlap_line
 
 __all__ = ["defects_markdown"]
 
+_TALK_AT = {"both": "at the start and end", "within": "between its paragraphs"}  # defects.json assistant_talk "at"
+
 
 class Defects(Protocol):
     """What this module reads of :class:`.defects.Defects`; a protocol rather than an import, which would close
@@ -140,7 +142,7 @@ def _lists(d: Defects, worst: int, out: list[str]) -> None:
                  lambda it: f"; turns to salad after {it['words_before']:,} words at {_quote(it['salad'])}"
                  + ("; printed cut back before it" if it["cut"] else "; printed as written"))
     section_list("Assistant talk", d.assistant_talk["sections"], d.assistant_talk["count"],
-                 lambda it: f"; talks at the {it['at'] if it['at'] != 'both' else 'start and end'}, "
+                 lambda it: f"; talks {_TALK_AT.get(it['at'], 'at the ' + it['at'])}, "
                  f"{it['words']:,} words: {_quote(it['talk'])}")
     lp = d.looping_sections
     if lp["sections"]:

@@ -9,7 +9,8 @@ handbook it reads as a letter to a stranger. No other check sees it: it is gramm
 repeats nothing within its section.
 
 :func:`talk_spans` finds it by how it opens, never by what it is about: a sentence of paragraph prose that starts
-with one of :data:`OPENERS` (a sign-off, an offer of more help, a report of edits made to "the text"). Where the
+with one of :data:`OPENERS` (a sign-off, an offer of more help, a report of edits made to "the text" or of what was
+kept of "the original text", a critique of "the text above"; a connective or a "[Note]" label may come first). Where the
 section has said something before it, the talk runs to the end of the section (what follows a sign-off is more of
 the same: a P.S., a "---" and "the edited text", the heading of a chapter the model went on to invent), and the
 span is cut from the first such sentence after which at most half the section follows (:data:`TAIL_SHARE`: an
@@ -18,8 +19,11 @@ helps", "let me know", "P.S.", an offer to answer questions) may take code, a ta
 a report of edits or a weaker opener the talk ends at the first of those, and none is cut when one follows. Where
 talk comes first (a lead-in: "I made several changes ... Here is the revised text:"), only that one paragraph goes,
 and only when it is short (:data:`LEAD_WORDS`) and every sentence of it is talk or ends in a colon: a lead-in that
-goes on to content is kept whole. Code, headings, list items (with their continuation lines), table rows and quotes
-are never read: a sentence in them is content. A section that is talk and nothing else is printed as written.
+goes on to content keeps its opening (a sign-off later in it still ends the section). A paragraph of that kind between
+content, where the talk is followed by most of the section or by content it may not take, goes alone too (``within``:
+"Here's a rewritten version of the text ..." between the model's two runs at the section), unless it ends in a colon
+right before code, a list, a table or a quote, which it introduces. Code, headings, list items (with their
+continuation lines), table rows and quotes are never read: a sentence in them is content. A section that is talk and nothing else is printed as written.
 book.md prints the section without the talk (``assemble.section_body``); ``defects.json`` ``assistant_talk`` names
 each section, and counts, as every defect does, the text as generated.
 """
@@ -65,14 +69,29 @@ SIGN_OFFS = re.compile(
     re.IGNORECASE,
 )
 _EDIT_OBJECT = (r"(?:changes|edits|revisions|corrections|transitional|"
-                r"the (?:original )?(?:text|passage|paragraph|essay|draft|content|response)|"
-                r"your (?:text|passage|paragraph|essay|draft|request)|clarity|grammar|readability|coherence|"
-                r"word count)")
+                r"(?:the|this|that|your|my)\s+(?:(?:original|above|revised|edited|first|second|third|last|final|"
+                r"previous|opening)\s+)?(?:text|passage|paragraph|essay|draft|content|response|request)\b|"
+                r"clarity|grammar|readability|coherence|word count)")
+# A report of edits may follow a connective ("Therefore, I made changes to the original text ...") or a label the
+# model set before it on a line of its own ("[Note]\nI made changes to enhance clarity ...").
+_CONNECTIVE = (r"(?:(?:therefore|so|overall|finally|additionally|also|in\s+summary|in\s+short|"
+               r"in\s+this\s+(?:version|revision|rewrite)),?\s+)?")
+_LABEL = r"(?:\[\s*(?:note|editor'?s\s+note)\s*\]\s*|(?:editor'?s\s+)?note\s*:\s*(?=I\b))?"
+_TEXT_NOUN = r"(?:text|passage|paragraph|essay|draft|chapter)"  # not "section": "the .data section has been ..."
 # Every opener of talk (case-insensitive, at the start of a sentence of paragraph prose): a sign-off, a report of the
 # edits the model believes it made to "the text", the text it offers as revised, a word count.
 OPENERS = re.compile(
-    rf"{_REPLY}(?:{SIGN_OFFS.pattern}"
-    rf"|I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b{_EDIT_OBJECT}"
+    rf"{_REPLY}{_LABEL}(?:{SIGN_OFFS.pattern}"
+    rf"|{_CONNECTIVE}I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b{_EDIT_OBJECT}"
+    # any first-person sentence about "the original text": what the model believes it was asked to edit
+    r"|(?:[\w,]+\s+){0,2}?I\b[^.!?\n]{0,100}?\b(?:the|this|your)\s+original\s+(?:text|version|passage|paragraph|"
+    r"content|message|meaning|essay)\b"
+    # a critique of "the text" it was given, and what it says it did to it
+    rf"|(?:the|this)\s+{_TEXT_NOUN}(?:\s+above)?\s+[^.!?\n]{{0,80}}?\b(?:be\s+(?:improved|rewritten|revised|condensed|"
+    r"rephrased|edited|shortened|simplified)|requires?\s+(?:rewriting|revision|revising|editing))\b"
+    rf"|(?:the|this)\s+(?:\w+\s+){{0,6}}?{_TEXT_NOUN}\b[^.!?\n]{{0,60}}?\b(?:has|have)\s+been\s+(?:condensed|rewritten|"
+    r"revised|edited|shortened|rephrased|simplified)\s+(?:into|to|for|with|by|as)\b"
+    r"|(?:a\s+)?summary\s+of\s+the\s+(?:above|original)\s+text\b"
     r"|I\s+hope\s+(?:that\s+)?you\b"
     r"|here(?:'s|’s|\s+is)\s+(?:a|an|the|my|your)\s+(?:\w+\s+){0,2}?(?:revised|rewritten|edited|polished|refined)\s+"
     r"(?:version|text|draft|passage|paragraph|essay)\b"
@@ -97,13 +116,23 @@ class Talk:
 
     lead: tuple[int, int] | None = None
     tail: int | None = None
+    within: tuple[tuple[int, int], ...] = ()  # (start, end) of short paragraphs of talk between content, in order
 
     def __bool__(self) -> bool:
-        return self.lead is not None or self.tail is not None
+        return self.lead is not None or self.tail is not None or bool(self.within)
 
     def spans(self, size: int) -> tuple[tuple[int, int], ...]:
         """The (start, end) offsets to take out of a text of ``size`` characters, in order."""
-        return tuple(x for x in (self.lead, None if self.tail is None else (self.tail, size)) if x is not None)
+        return tuple(x for x in (self.lead, *self.within, None if self.tail is None else (self.tail, size))
+                     if x is not None)
+
+    @property
+    def at(self) -> str:
+        """Where the section talks, as defects.json ``assistant_talk`` says it: "start" (a lead-in), "end" (the talk
+        that ends it), "both", or "within" (only paragraphs of talk between its content)."""
+        if self.lead is not None:
+            return "start" if self.tail is None else "both"
+        return "end" if self.tail is not None else "within"
 
 
 def _prose_paragraphs(text: str) -> tuple[list[tuple[int, int]], list[int]]:
@@ -165,6 +194,7 @@ def talk_spans(text: str) -> Talk:
     paragraphs, content = _prose_paragraphs(text)
     total = len(_WORD.findall(text))
     lead: tuple[int, int] | None = None
+    within: list[tuple[int, int]] = []
     said = False  # something that is not talk came before
     for start, end in paragraphs:
         said = said or any(c < start for c in content)
@@ -175,20 +205,33 @@ def talk_spans(text: str) -> Talk:
                 continue
             if said or k:
                 # Content before it, in the section or in its own paragraph: the rest is talk, unless the rest is
-                # most of the section, or it would take content with it and does not open with a sign-off.
-                if len(_WORD.findall(text, at)) > TAIL_SHARE * total:
+                # most of the section, or it would take content with it and does not open with a sign-off. Then a
+                # paragraph that is talk and nothing else goes alone, as a lead-in does ("I've covered several
+                # topics so far ... Here's a rewritten version of the text:" between two runs of the section).
+                if len(_WORD.findall(text, at)) > TAIL_SHARE * total or (
+                        not SIGN_OFFS.match(text, opens) and any(c > at for c in content)):
+                    if k == 0 and _all_talk(text, starts, end) and not _introduces(text, end, content):
+                        within.append((start, end))
+                        break
                     continue
-                if not SIGN_OFFS.match(text, opens) and any(c > at for c in content):
-                    continue
-                return Talk(lead, at)
+                return Talk(lead, at, tuple(within))
             if lead is None and _all_talk(text, starts, end):
                 lead = (start, end)
                 break
-            said = True  # a first paragraph that opens with talk and goes on to content: kept whole
-            break
+            # a first paragraph that opens with talk and goes on to content keeps its opening; a sign-off further on
+            # in it still ends the section
+            said = True
         else:
             said = True
-    return Talk(lead, None)
+    return Talk(lead, None, tuple(within))
+
+
+def _introduces(text: str, end: int, content: list[int]) -> bool:
+    """Does the paragraph ending at ``end`` end in a colon with code, a list, a table or a quote right after it (what
+    it introduces: "I've simplified the content below to one function:" stays with its code)?"""
+    if not text[:end].rstrip().rstrip("*_").endswith(":"):
+        return False
+    return any(c >= end and not text[end:c].strip() for c in content)
 
 
 def _all_talk(text: str, starts: list[int], end: int) -> bool:
@@ -218,7 +261,8 @@ def without_talk(text: str, talk: Talk) -> str:
         run = _MARKUP.match(last).group()  # type: ignore[union-attr]
         if run and last.count(run) % 2:
             out += run[::-1]
-    if talk.lead is not None:
-        before, after = out[: talk.lead[0]].rstrip(), out[talk.lead[1]:].lstrip("\n")
+    for start, end in reversed((*((talk.lead,) if talk.lead is not None else ()), *talk.within)):
+        # last first, so that the offsets of the paragraphs before stay those of ``text``
+        before, after = out[:start].rstrip(), out[end:].lstrip("\n")
         out = f"{before}\n\n{after}" if before else after
     return out.strip("\n")

@@ -31,6 +31,14 @@ SIGN_OFFS = [
     "I also added a few examples to illustrate key concepts, making the content more engaging for readers.",
     "**I hope this helps!**",
     "I hope this information inspires you to think differently about the way we approach nature.",
+    # reports of edits to "the text" the model believes it was given, however they begin
+    "I've rewritten this text using more concise language while maintaining the same level of clarity as the "
+    "original text. I added a few sentences to explain the importance of data science tools.",
+    "Therefore, I made changes to the original text to make it easier to read and understand.",
+    "I tried to keep the content concise while maintaining the essence of the original text. I used simple language.",
+    "[Note]\nI made changes to enhance clarity and grammar while maintaining the original message.",
+    "I added the explanation of the syntax used in the second paragraph so that readers could understand.",
+    "A summary of the above text would require 10 sentences. Here is a rewritten version of the original text.",
 ]
 
 
@@ -102,8 +110,50 @@ def test_an_opener_followed_by_most_of_the_section_is_the_sections_own_prose():
     assert talk_spans(f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{MORE}\n\nI made several changes to the text.")
 
 
+def test_a_paragraph_of_talk_between_content_goes_alone():
+    # what SmolLM2-135M wrote between a paragraph and its own rewrite of the section
+    talk = "Here's a rewritten version of the text with some extra sentences to help keep things flowing smoothly."
+    text = f"{GOOD}\n\n{talk}\n\n{MORE}\n\n{MORE}\n\n{GOOD}\n"
+    spans = talk_spans(text)
+    assert spans.lead is None and spans.tail is None and spans.at == "within"
+    assert [text[a:b] for a, b in spans.within] == [talk]
+    assert without_talk(text, spans) == f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{GOOD}"
+    # a critique of "the text" with its lead-in colon, and a sign-off with more of the section after it
+    critique = ("This paragraph contains several sentences that could be improved for clarity and concision while "
+                "maintaining the essence of the original text. Here's a rewritten version using shorter paragraphs:")
+    text = f"{GOOD}\n\n{critique}\n\n{MORE}\n\n{MORE}\n\n{GOOD}\n"
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{GOOD}"
+    text = f"{GOOD}\n\nI hope this helps you.\n\n{MORE}\n\n{MORE}\n\n{GOOD}\n"
+    assert without_talk(text, talk_spans(text)) == f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{GOOD}"
+    # but a paragraph of talk that introduces code stays with its code, and a lead-in and the talk at the end are
+    # cut as before around one within
+    intro = f"{GOOD}\n\nI've simplified the content below to one function:\n\n{CODE}\n\n{MORE}\n\n{GOOD}\n"
+    assert not talk_spans(intro)
+    lead = ("The text above contains multiple sentences that may require rewriting for clarity. Here's a rewritten "
+            "version of the text condensed into two concise paragraphs:")
+    every = f"{lead}\n\n{GOOD}\n\n{talk}\n\n{MORE}\n\n{GOOD}\n\n{MORE}\n\nLet me know if you have questions."
+    spans = talk_spans(every)
+    assert spans.at == "both" and len(spans.within) == 1
+    assert spans.spans(len(every)) == (spans.lead, spans.within[0], (spans.tail, len(every)))
+    assert without_talk(every, spans) == f"{GOOD}\n\n{MORE}\n\n{GOOD}\n\n{MORE}"
+
+
+def test_a_sign_off_later_in_a_first_paragraph_that_opens_with_talk_still_ends_the_section():
+    # one paragraph (single line breaks): a report of edits, the section, then a sign-off
+    text = ("The chapter on machine learning has been condensed into just two sentences for this blog post.\n"
+            f"{GOOD}\n{MORE}\nI hope this helps you understand the scope of the chapter.")
+    spans = talk_spans(text)
+    assert spans.lead is None and spans.tail is not None
+    assert text[spans.tail:] == "I hope this helps you understand the scope of the chapter."
+
+
 @pytest.mark.parametrize("text", [
     # prose that only looks like an opener
+    f"{GOOD}\n\nThe .data section has been expanded to hold the table.\n\n{MORE}",
+    f"{GOOD}\n\n{MORE}\n\nThis chapter can help you improve your tests.",
+    f"{GOOD}\n\n{MORE}\n\nIn the original version of Python, print was a statement.",
+    f"{GOOD}\n\n{MORE}\n\nThe paragraph separator in Markdown is a blank line, and the text above shows one.",
+    f"{GOOD}\n\n{MORE}\n\nNote: the basin's area is measured on the map, not on the ground.",
     f"{GOOD} I hope the river's level holds this year, farmers say.\n\n{MORE}",
     f"{GOOD} If you have any doubt about the depth, measure it.\n\n{MORE}",
     f"{GOOD}\n\n{MORE} If you need any help installing Python, see Appendix A.",
@@ -170,6 +220,8 @@ def test_book_md_prints_the_section_without_its_talk_and_defects_name_it():
                       finish="length")
     led = _section(f"Here's a rewritten version with improved clarity:\n\n{GOOD}\n\n{MORE}", "1.1.3")
     clean = _section(f"{GOOD}\n\n{MORE}", "1.1.4")
+    between = _section(f"{GOOD}\n\nHere's a rewritten version of the text.\n\n{MORE}\n\n{MORE}\n\n{GOOD}", "1.1.6")
+    assert section_body(between) == f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{GOOD}"
     assert section_body(signed) == f"{GOOD}\n\n{MORE}"
     assert section_body(capped) == GOOD
     assert section_body(led) == f"{GOOD}\n\n{MORE}"
@@ -177,18 +229,22 @@ def test_book_md_prints_the_section_without_its_talk_and_defects_name_it():
     only = _section("## Rivers\n\nI hope this helps!", "1.1.5")  # talk and nothing else: printed as written
     assert "I hope this helps!" in section_body(only)
 
-    outline = Outline("Rivers", (Part("Part", (Chapter("Chapter", tuple(f"Section 1.1.{i}" for i in range(1, 5))),)),))
-    book = assemble(outline, {s.path: s for s in (signed, capped, led, clean)})
-    assert "I hope this helps" not in book.markdown and "rewritten version" not in book.markdown
+    titles = tuple(f"Section 1.1.{i}" for i in range(1, 7))
+    outline = Outline("Rivers", (Part("Part", (Chapter("Chapter", titles),)),))
+    written = (signed, capped, led, clean, only, between)
+    book = assemble(outline, {s.path: s for s in written})
+    assert "Let me know" not in book.markdown and "rewritten version" not in book.markdown
     defects = find_defects(book)
     talk = defects.to_json()["assistant_talk"]
-    assert talk["count"] == 3
+    assert talk["count"] == 5  # the section that is talk alone too: printed as written, counted as generated
     by_path = {it["path"]: it for it in talk["sections"]}
-    assert set(by_path) == {"1.1.1", "1.1.2", "1.1.3"}
+    assert set(by_path) == {"1.1.1", "1.1.2", "1.1.3", "1.1.5", "1.1.6"}
     assert by_path["1.1.1"]["at"] == "end" and by_path["1.1.1"]["talk"].startswith("I hope this helps!")
     assert by_path["1.1.2"]["at"] == "end" and by_path["1.1.3"]["at"] == "start"
+    assert by_path["1.1.6"]["at"] == "within" and by_path["1.1.6"]["words"] == 7
     assert by_path["1.1.1"]["words"] == 12 and talk["words"] == sum(it["words"] for it in talk["sections"])
     # defects count the text as generated, as for every defect: the words still hold the talk
-    assert defects.to_json()["words"]["total"] == sum(len(s.text.split()) for s in (signed, capped, led, clean))
+    assert defects.to_json()["words"]["total"] == sum(len(s.text.split()) for s in written)
     md = defects.to_markdown()
     assert "assistant talk" in md and "## Assistant talk" in md and "talks at the end, 12 words" in md
+    assert "talks between its paragraphs, 7 words" in md
