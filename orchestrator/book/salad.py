@@ -1,13 +1,13 @@
 """Word salad: where a section's prose stops reading as language.
 
 Pure: no I/O, no clock. A small model that runs past what it has to say, or that is pushed off a repetition loop by a
-heavy repetition penalty (the small profile's loop re-ask), writes strings of content words with no grammar left:
-"allowed think differently way jobs mandate companies alot more responsibilites than governments allow too ...". No
-repetition rule sees it (nothing repeats), and it reads as nonsense. What gives it away is the glue: English prose
-is about 40% function words (the, of, and, to, is, ...); in the run of any 60 words of the 333 sections of nine
-SmolLM2-135M books, prose never fell under 17%, and salad (every loop re-ask's reply that went wrong) stayed under
-13%. Nor does salad stop: its "sentences" run on for 100 to 480 words, where the prose of those books never ran past
-54 words without a sentence end.
+heavy repetition penalty (the small profile's loop re-ask before stop 40: core/profiles.py), writes strings of content
+words with no grammar left: "allowed think differently way jobs mandate companies alot more responsibilites than
+governments allow too ...". No repetition rule sees it (nothing repeats), and it reads as nonsense. What gives it away
+is the glue: English prose is about 40% function words (the, of, and, to, is, ...); in the run of any 60 words of the
+333 sections of nine SmolLM2-135M books, prose never fell under 17%, and salad (every loop re-ask's reply that went
+wrong) stayed under 13%. Nor does salad stop: its "sentences" run on for 100 to 480 words, where the prose of those
+books never ran past 54 words without a sentence end.
 
 :func:`salad_at` is where the first such run starts. Only paragraph prose is read: fenced code, headings, list
 items, table rows, quotes, labelled lines ("Step 1: ...", "**Term**: ..."), bracketed references and display math are

@@ -51,7 +51,8 @@ class Profile:
     # How many unusable planning replies a node may re-ask before its next reply is taken as well as it can be
     # (None: as many as the job's attempts). Bounds planning cost on a model that rarely gets a list right.
     plan_reasks: int | None = None
-    # A section caught in a repetition loop is asked once more with these (stronger) settings.
+    # A section caught in a repetition loop is asked once more with these settings: the temperature, and the
+    # repetition penalty, never below the first answer's (a user's --repetition-penalty above it wins).
     loop_repetition_penalty: float = 1.3
     loop_temperature: float = 0.7
 
@@ -67,9 +68,10 @@ class Profile:
         return out
 
     def loop_sampling(self) -> dict[str, Any]:
-        """Sampling for the one re-ask of a looping section: more randomness, a heavier repetition penalty."""
+        """Sampling for the one re-ask of a looping section (its temperature is ``loop_temperature``): the profile's
+        loop repetition penalty, or the first answer's where that is higher."""
         out = self.sampling()
-        out["repetition_penalty"] = max(self.loop_repetition_penalty, (self.repetition_penalty or 1.0) + 0.15)
+        out["repetition_penalty"] = max(self.loop_repetition_penalty, self.repetition_penalty or 1.0)
         return out
 
     def messages(self, user: str) -> list[dict[str, str]]:
@@ -96,6 +98,15 @@ PROFILES: dict[str, Profile] = {
         # 21-22 cut). Its section requests carry the chapter's titles (and a brief a person wrote in outline.md).
         brief_template=None,
         plan_reasks=1,
+        # The loop re-ask differs from the first answer by its temperature (0.7) alone. A heavier penalty makes
+        # SmolLM2-135M write word salad: vLLM's repetition penalty weighs on every token already in the prompt or the
+        # answer, function words too, until none is left to write (book/salad.py). The 36 sections of `make demo`'s
+        # outline asked at temperature 0.7 (benchmarks/loop_reask_settings.py): penalty 1.3 (this profile's re-ask
+        # until stop 40) 28 in salad, 22 of them from their first sentence, all 36 cut at the token cap; 1.2 23 (12);
+        # 1.15 16 (3); 1.1 (two runs) 0 and 1, none from the start, with 0 and 1 still looping; 1.05 1 salad and 2
+        # loops; 1.0 13 loops. The section whose first answer looped in that demo, asked 6 times each: 1.3 wrote
+        # salad 6 times, 1.1 neither salad nor a loop.
+        loop_repetition_penalty=1.1,
     ),
 }
 

@@ -1,6 +1,6 @@
 """Word salad (book/salad.py): where a section's prose stops reading as language, book.md cutting it off, and
-defects.json naming it. The salad below is SmolLM2-135M's, from the small profile's loop re-ask (repetition penalty
-1.3 at temperature 0.7) on the embedded engine."""
+defects.json naming it. The salad below is SmolLM2-135M's, from the small profile's loop re-ask before stop 40
+(repetition penalty 1.3 at temperature 0.7) on the embedded engine."""
 
 from __future__ import annotations
 

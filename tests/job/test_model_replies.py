@@ -247,7 +247,8 @@ def test_a_small_model_gets_few_shot_lists_a_system_message_and_loop_repair(tmp_
     first = [r for r in sections if r.body["temperature"] == 0.3]
     again = [r for r in sections if r.body["temperature"] != 0.3]
     assert len(first) == 12 and len(again) == 4  # the four "... Pitfalls" sections looped once each
-    assert all(r.body["repetition_penalty"] >= 1.25 and r.body["temperature"] >= 0.7 for r in again)
+    # the re-ask differs by its temperature: a heavier repetition penalty makes this model write word salad
+    assert all(r.body["repetition_penalty"] == 1.1 and r.body["temperature"] == 0.7 for r in again)
     md = (out / "book.md").read_text()
     assert md.startswith("# Test Book\n")
     outline = json.loads((out / "outline.json").read_text())
