@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ be
         NodeFinished,
         NodeStarted,
         OutlineReady,
+        ProbeStarted,
     )
     from .core.outline import Chapter, Outline, Part
     from .forecasting import Forecast, StepFit
@@ -57,7 +58,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         [
             "BackendState", "Delta", "Event", "ForecastReady", "JobFinished", "JobStarted", "LevelPlanned",
-            "MetricsSample", "NodeFailed", "NodeFinished", "NodeStarted", "OutlineReady",
+            "MetricsSample", "NodeFailed", "NodeFinished", "NodeStarted", "OutlineReady", "ProbeStarted",
         ],
         ".core.events",
     ),
@@ -97,6 +98,7 @@ __all__ = [
     "OutputError",
     "Part",
     "PlanError",
+    "ProbeStarted",
     "Result",
     "Settings",
     "StepFit",

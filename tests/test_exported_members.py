@@ -14,7 +14,8 @@ EXPORTED = {
     "orchestrator": [
         "PRESETS", "Backend", "BackendError", "BackendState", "Chapter", "ConfigError", "Delta", "Event", "Forecast",
         "ForecastReady", "HandbookError", "InternalError", "Interrupted", "JobFinished", "JobStarted", "LevelPlanned", "LibraryResult", "MetricsSample",
-        "NodeFailed", "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "OutputError", "Part", "PlanError", "Result",
+        "NodeFailed", "NodeFinished", "NodeStarted", "Outline", "OutlineReady", "OutputError", "Part", "PlanError", "ProbeStarted",
+        "Result",
         "Settings", "StepFit", "aforecast", "agenerate", "agenerate_library", "aplan", "awrite", "forecast", "generate", "generate_library",
         "plan", "write",
     ],

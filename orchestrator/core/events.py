@@ -87,6 +87,18 @@ class OutlineReady:
 
 
 @dataclass(frozen=True)
+class ProbeStarted:
+    """The forecast is measuring the servers' step times (forecasting/probe.py): ``levels``, the streams each
+    backend runs at once, in turn; ``backends``, how many are measured together. Emitted before JobStarted, whose
+    clock it does not start (a probe's seconds are not the job's): a `handbook plan`, `--pages` or `--minutes` run
+    otherwise shows nothing for the tens of seconds it takes."""
+
+    levels: tuple[int, ...]
+    backends: int
+    t: float
+
+
+@dataclass(frozen=True)
 class ForecastReady:
     """What the job is forecast to take (orchestrator.forecast), emitted before the first request when a forecast
     was made (--pages, --minutes, --ladder, --forecast, or `handbook write` after `handbook plan`).
@@ -140,6 +152,7 @@ Event = (
     | LevelPlanned
     | OutlineReady
     | ForecastReady
+    | ProbeStarted
     | BackendState
     | MetricsSample
     | JobFinished

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -57,18 +57,20 @@ def probe_levels(cap: int, most: int | None = None) -> tuple[int, ...]:
     return tuple(sorted({max(1, top // 16), max(1, top // 4), top} if top >= 64 else {max(1, top // 4), top}))
 
 
-async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings, most: int | None = None
-                     ) -> list[StepFit]:
+async def probe_fits(backends: Sequence[tuple[Backend, str]], settings: Settings, most: int | None = None,
+                     on_start: Callable[[tuple[int, ...]], None] | None = None) -> list[StepFit]:
     """Fit every backend's step time from a short load at a few levels (all backends at once), read from the
     servers' own counters. ``backends`` are (backend, model) as discovered; ``most``: the most streams the job will
     run on one backend, when known (:func:`probe_levels`). BackendError when no backend exposes a readable token
-    counter."""
+    counter. ``on_start(levels)`` is called as the probe begins."""
     if not backends:
         raise BackendError("no backend to probe")
     targets = [Target(replace(b, api_key=b.api_key or settings.api_key), model) for b, model in backends]
     urls = [t.url for t in targets]
     sampler = MetricsSampler(urls, interval=PROBE_INTERVAL_S)
     levels = probe_levels(min(b.cap for b, _ in backends), most)
+    if on_start is not None:
+        on_start(levels)
     points: dict[str, list[dict[str, Any]]] = {u: [] for u in urls}
     try:
         async with anyio.create_task_group() as tg:

@@ -11,6 +11,7 @@ runs many more streams than that at once (a planning request may run beside them
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,10 @@ def job_sections(settings: Settings, outline: Outline | None, budget: Budget | N
 
 
 async def fits_for(usable: list[tuple[Backend, str]], settings: Settings, out_dir: Path,
-                   budget: Budget | None = None, sections: int | None = None) -> list[StepFit]:
-    """Step times, first found wins (module docstring); ``sections``: :func:`job_sections`, the probe's top level."""
+                   budget: Budget | None = None, sections: int | None = None,
+                   on_probe: Callable[[tuple[int, ...]], None] | None = None) -> list[StepFit]:
+    """Step times, first found wins (module docstring); ``sections``: :func:`job_sections`, the probe's top level;
+    ``on_probe(levels)``: called when a probe begins."""
     if budget is not None and budget.fits:
         return list(budget.fits)
     backends = [b for b, _ in usable]
@@ -92,7 +95,7 @@ async def fits_for(usable: list[tuple[Backend, str]], settings: Settings, out_di
     recorded = _recorded_fits(out_dir / FORECAST_FILE, backends, sections)
     if recorded is not None:
         return recorded
-    return await probe_fits(usable, settings, most=sections)
+    return await probe_fits(usable, settings, most=sections, on_start=on_probe)
 
 
 def _recorded_fits(path: Path, backends: list[Backend], sections: int | None = None) -> list[StepFit] | None:

@@ -30,7 +30,7 @@ from ..core.errors import (
     internal_error,
     unwrap,
 )
-from ..core.events import Event, ForecastReady, JobStarted
+from ..core.events import Event, ForecastReady, JobStarted, ProbeStarted
 from ..core.osutil import ensure_open_files
 from ..core.outline import Outline
 from ..core.profiles import resolve_profile
@@ -340,7 +340,8 @@ class _Job:
         outline = self.mode.outline or journal.outline
         sections = job_sections(settings, outline, self.budget)
         try:
-            fits = await fits_for(usable, settings, self.out_dir, self.budget, sections)
+            fits = await fits_for(usable, settings, self.out_dir, self.budget, sections,
+                                  on_probe=lambda levels: self.bus(ProbeStarted(levels, len(usable), time.monotonic())))
         except BackendError as e:
             self.no_forecast = str(e)  # a forecast is a help, not the job: say why there is none, and go on
             log.warning("no forecast: %s", e)

@@ -24,6 +24,7 @@ from ..core.events import (
     NodeFinished,
     NodeStarted,
     OutlineReady,
+    ProbeStarted,
 )
 from ..core.states import NodeKind
 from .eta import Eta, job_eta
@@ -91,6 +92,7 @@ class JobState:
         self.complete: bool | None = None
         self.stats: dict[str, Any] | None = None
         self.forecast: ForecastReady | None = None
+        self.probe: ProbeStarted | None = None  # the forecast's probe, while the job has not started
         self.writing = False  # a section request has begun
         # (t, server tokens, tokens_asked) when the first section began: the live writing rate counts from here
         self.write_base: tuple[float, float, int] | None = None
@@ -102,7 +104,10 @@ class JobState:
         """Fold one event in; returns the planning nodes this event showed to be done (see _parents_done)."""
         with self.lock:
             self.inferred = []
-            self._update(event)
+            if isinstance(event, ProbeStarted):  # before JobStarted, not on the job's clock (a probe is not the job)
+                self.probe = event
+            else:
+                self._update(event)
             return self.inferred
 
     def _update(self, e: Event) -> None:
@@ -211,6 +216,7 @@ class JobState:
             self._plan_node_done(path)
 
     def _job_started(self, e: JobStarted) -> None:
+        self.probe = None  # the forecast's probe is over
         self.prompt = e.prompt
         for url in e.backends:
             self._know(url)

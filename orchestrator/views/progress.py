@@ -21,6 +21,7 @@ refresh thread (terminal) or on a timer thread every ``plain_interval`` seconds 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Self
 
@@ -40,6 +41,7 @@ from ..core.events import (
     LevelPlanned,
     NodeFailed,
     OutlineReady,
+    ProbeStarted,
 )
 from .eta import Eta
 from .jobstate import JobState, short_url
@@ -87,6 +89,10 @@ class TerminalProgress:
         if isinstance(e, JobStarted):
             n = len(e.backends)
             return f"job started on {n} backend{'s' if n != 1 else ''}: {', '.join(map(short_url, e.backends))}"
+        if isinstance(e, ProbeStarted):
+            n = e.backends
+            return (f"forecast: measuring the step time of {n} backend{'s' if n != 1 else ''} at "
+                    f"{_levels(e)} streams at once, before planning")
         if isinstance(e, LevelPlanned):
             return f"planned level {e.level}: {e.nodes} {LEVEL_NAMES.get(e.level, 'nodes')}"
         if isinstance(e, OutlineReady):
@@ -178,6 +184,9 @@ class TerminalProgress:
         """One log line: where the job stands (CI logs)."""
         s = self.state
         with s.lock:
+            if s.t0 is None and s.probe is not None:  # the job has not started: its clock reads 0 until it does
+                return (f"[{duration(max(0.0, time.monotonic() - s.probe.t)):>6}]  forecast: measuring step times at "
+                        f"{_levels(s.probe)} streams")
             parts = [f"[{duration(s.elapsed):>6}]"]
             total = s.total
             done = len(s.sections_done)
@@ -252,8 +261,15 @@ def _figures_grid(s: JobState) -> Table:
     return grid
 
 
+def _levels(probe: ProbeStarted) -> str:
+    """A probe's levels as read aloud: "9 then 36"."""
+    return " then ".join(f"{n:,}" for n in probe.levels)
+
+
 def _planning_text(s: JobState) -> Text:
     plan = Text()
+    if s.probe is not None and not s.levels:
+        plan.append(f"… measuring step times for the forecast ({_levels(s.probe)} streams)  ", style="yellow")
     for level in (1, 2, 3):
         if level in s.levels:
             plan.append(f"✓ {s.levels[level]:,} {LEVEL_NAMES[level]}  ", style="green")
