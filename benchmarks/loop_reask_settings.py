@@ -71,7 +71,7 @@ async def run(args: argparse.Namespace, outline: Outline, variants: dict[str, tu
               ) -> list[dict]:
     url = (args.backend or engine_url()).rstrip("/")
     profile = PROFILES[args.profile]
-    settings = Settings(context=args.context, words=args.words)
+    settings = Settings(context=args.context, words=args.words, max_tokens=args.max_tokens)
     refs = list(outline.sections())
     rows = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
@@ -80,7 +80,9 @@ async def run(args: argparse.Namespace, outline: Outline, variants: dict[str, tu
         for rep in range(args.reps):
             for name, (temperature, penalty) in variants.items():
                 sampling = {**profile.sampling(), "repetition_penalty": penalty}
-                bodies = [{"model": model, "max_tokens": args.max_tokens, "temperature": temperature, **sampling,
+                # as the job asks: a length set in outline.md scales the section's cap (Settings.max_tokens_for)
+                bodies = [{"model": model, "max_tokens": settings.max_tokens_for(ref.words or args.words),
+                           "temperature": temperature, **sampling,
                            "messages": profile.messages(section_text(ref, settings, profile, ref.words or args.words))}
                           for ref in refs]
                 t0 = time.monotonic()

@@ -22,7 +22,8 @@ and only when it is short (:data:`LEAD_WORDS`) and every sentence of it is talk 
 goes on to content keeps its opening (a sign-off later in it still ends the section). A paragraph of that kind between
 content, where the talk is followed by most of the section or by content it may not take, goes alone too (``within``:
 "Here's a rewritten version of the text ..." between the model's two runs at the section), unless it ends in a colon
-right before code, a list, a table or a quote, which it introduces. Code, headings, list items (with their
+right before code, a list, a table or a quote, which it introduces, or is a bare "I hope you ..." (weak: it may end a
+section, never cut into one). Code, headings, list items (with their
 continuation lines), table rows and quotes are never read: a sentence in them is content. A section that is talk and
 nothing else is printed as written. book.md prints the section without the talk (``assemble.section_body``);
 ``defects.json`` ``assistant_talk`` names each section, and counts, as every defect does, the text as generated.
@@ -68,29 +69,39 @@ SIGN_OFFS = re.compile(
     r")",
     re.IGNORECASE,
 )
+_TEXT = r"(?:text|passage|paragraph|essay|draft)"
 _EDIT_OBJECT = (r"(?:changes|edits|revisions|corrections|transitional|"
-                r"(?:the|this|that|your|my)\s+(?:(?:original|above|revised|edited|first|second|third|last|final|"
-                r"previous|opening)\s+)?(?:text|passage|paragraph|essay|draft|content|response|request)\b|"
+                r"the (?:original )?(?:text|passage|paragraph|essay|draft|content|response)|"
+                r"your (?:text|passage|paragraph|essay|draft|request)|"
+                # a text the model believes it was given: "this text", "the second paragraph" (not "the request
+                # method", "the response headers": a handbook's own words)
+                rf"(?:this|that|my)\s+(?:original\s+)?{_TEXT}\b|"
+                rf"the\s+(?:above|revised|edited|first|second|third|last|final|previous|opening)\s+{_TEXT}\b|"
                 r"clarity|grammar|readability|coherence|word count)")
-# A report of edits may follow a connective ("Therefore, I made changes to the original text ...") or a label the
-# model set before it on a line of its own ("[Note]\nI made changes to enhance clarity ...").
-_CONNECTIVE = (r"(?:(?:therefore|so|overall|finally|additionally|also|in\s+summary|in\s+short|"
-               r"in\s+this\s+(?:version|revision|rewrite)),?\s+)?")
+# A report of what was kept of "the original text" may follow a connective that sums up ("Therefore, I made changes
+# to the original text ..."); any report may follow a label the model set before it on a line of its own ("[Note]\nI
+# made changes to enhance clarity ..."). The pronoun is a capital I alone: "World War I destroyed the original
+# version of the organ", "Appendix I reproduces the original text of the treaty" are a book's prose.
+_CONNECTIVE = r"(?:(?:therefore|overall|in\s+summary|in\s+short|in\s+conclusion),?\s+)?"
 _LABEL = r"(?:\[\s*(?:note|editor'?s\s+note)\s*\]\s*|(?:editor'?s\s+)?note\s*:\s*(?=I\b))?"
-_TEXT_NOUN = r"(?:text|passage|paragraph|essay|draft|chapter)"  # not "section": "the .data section has been ..."
+_KEPT = (r"(?:tried|kept|maintained|preserved|retained|ensured|made\s+sure|aimed|focused|"
+         rf"made\s+(?:\w+\s+){{0,2}}?(?:changes|edits)|{_EDIT_VERB})")
 # Every opener of talk (case-insensitive, at the start of a sentence of paragraph prose): a sign-off, a report of the
 # edits the model believes it made to "the text", the text it offers as revised, a word count.
 OPENERS = re.compile(
     rf"{_REPLY}{_LABEL}(?:{SIGN_OFFS.pattern}"
-    rf"|{_CONNECTIVE}I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b{_EDIT_OBJECT}"
-    # any first-person sentence about "the original text": what the model believes it was asked to edit
-    r"|(?:[\w,]+\s+){0,2}?I\b[^.!?\n]{0,100}?\b(?:the|this|your)\s+original\s+(?:text|version|passage|paragraph|"
-    r"content|message|meaning|essay)\b"
-    # a critique of "the text" it was given, and what it says it did to it
-    rf"|(?:the|this)\s+{_TEXT_NOUN}(?:\s+above)?\s+[^.!?\n]{{0,80}}?\b(?:be\s+(?:improved|rewritten|revised|condensed|"
-    r"rephrased|edited|shortened|simplified)|requires?\s+(?:rewriting|revision|revising|editing))\b"
-    rf"|(?:the|this)\s+(?:\w+\s+){{0,6}}?{_TEXT_NOUN}\b[^.!?\n]{{0,60}}?\b(?:has|have)\s+been\s+(?:condensed|rewritten|"
-    r"revised|edited|shortened|rephrased|simplified)\s+(?:into|to|for|with|by|as)\b"
+    rf"|I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b{_EDIT_OBJECT}"
+    # what it kept of "the original text" it believes it was asked to edit
+    rf"|{_CONNECTIVE}(?-i:I)(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_KEPT}\b[^.!?\n]{{0,100}}?\b(?:the|this|your)\s+"
+    r"original\s+(?:text|version|passage|paragraph|content|message|meaning|essay)\b"
+    # a critique of the text it was given ("This paragraph contains several sentences that could be improved ...")
+    rf"|(?:the|this)\s+(?:text|paragraph|passage)(?:\s+above)?\s+contains\b[^.!?\n]{{0,80}}?\b(?:be\s+(?:improved|"
+    r"rewritten|revised|condensed|rephrased|edited|shortened|simplified)|requires?\s+(?:rewriting|revision|revising|"
+    r"editing))\b"
+    # what it did to it ("The chapter on ... has been condensed into just two sentences.")
+    r"|(?:the|this)\s+(?:\w+\s+){0,6}?(?:text|passage|paragraph|essay|draft|chapter)\b[^.!?\n]{0,60}?\bha(?:s|ve)\s+"
+    r"been\s+(?:condensed|shortened|rewritten|summari[sz]ed|reduced)\s+(?:in(?:to)?\s+|to\s+)(?:just\s+|only\s+)?(?:a\s+few|one|two|"
+    r"three|four|five|\d+)\s+(?:short\s+|concise\s+)?(?:sentences|paragraphs|words)\b"
     r"|(?:a\s+)?summary\s+of\s+the\s+(?:above|original)\s+text\b"
     r"|I\s+hope\s+(?:that\s+)?you\b"
     r"|here(?:'s|’s|\s+is)\s+(?:a|an|the|my|your)\s+(?:\w+\s+){0,2}?(?:revised|rewritten|edited|polished|refined)\s+"
@@ -100,6 +111,9 @@ OPENERS = re.compile(
     r")",
     re.IGNORECASE,
 )
+# An opener too weak to take a paragraph out from between content on its own ("I hope you have packed warm clothes,
+# because the pass is cold at night."): where it is not also a sign-off, it may end a section, never cut into one.
+_HOPE_YOU = re.compile(rf"{_REPLY}I\s+hope\s+(?:that\s+)?you\b", re.IGNORECASE)
 # Where a sentence starts within a paragraph, after its first: past ". ", "! ", "? " (and a closing quote or bracket).
 _SENTENCE_END = re.compile(r"(?<=[.!?…])[\"”’)*_]*\s+")
 _MARKUP = re.compile(r"[*_]{0,3}")  # emphasis a sentence may open with
@@ -210,7 +224,7 @@ def talk_spans(text: str) -> Talk:
                 # topics so far ... Here's a rewritten version of the text:" between two runs of the section).
                 if len(_WORD.findall(text, at)) > TAIL_SHARE * total or (
                         not SIGN_OFFS.match(text, opens) and any(c > at for c in content)):
-                    if k == 0 and _all_talk(text, starts, end) and not _introduces(text, end, content):
+                    if k == 0 and _all_talk(text, starts, end, strong=True) and not _introduces(text, end, content):
                         within.append((start, end))
                         break
                     continue
@@ -234,9 +248,9 @@ def _introduces(text: str, end: int, content: list[int]) -> bool:
     return any(c >= end and not text[end:c].strip() for c in content)
 
 
-def _all_talk(text: str, starts: list[int], end: int) -> bool:
+def _all_talk(text: str, starts: list[int], end: int, strong: bool = False) -> bool:
     """A lead-in paragraph goes only when it is short and each of its sentences is talk or ends in a colon (what
-    introduces the text)."""
+    introduces the text); ``strong`` (a paragraph between content): talk that is more than a bare "I hope you ..."."""
     if len(_WORD.findall(text, starts[0], end)) > LEAD_WORDS:
         return False
     bounds = [*starts[1:], end]
@@ -244,6 +258,8 @@ def _all_talk(text: str, starts: list[int], end: int) -> bool:
         sentence = text[at:stop].strip()
         opens = _MARKUP.match(text, at).end()  # type: ignore[union-attr]
         if not (OPENERS.match(text, opens) or sentence.rstrip("*_").endswith(":")):
+            return False
+        if strong and _HOPE_YOU.match(text, opens) and not SIGN_OFFS.match(text, opens):
             return False
     return True
 

@@ -369,8 +369,9 @@ async def _run_with_displays(call, settings, args, report, done: dict[str, int])
         if progress is not None:
             progress.stop()
         done["code"] = report(result)
-        if recorder is not None:
-            _say_recording(recorder, result.stats.get("sections", 0))
+        if recorder is not None:  # `handbook plan` gives a Planned, which has no stats: no section was written
+            stats = getattr(result, "stats", None)
+            _say_recording(recorder, stats.get("sections", 0) if isinstance(stats, dict) else 0)
         if feed is not None:
             if args.feed_linger is None:
                 print(f"handbook: the feed stays up at {feed.url} until Ctrl-C", file=sys.stderr, flush=True)

@@ -66,8 +66,9 @@ class Budget:
                            f"at {w} words (kept to resume its journal)")
 
     @classmethod
-    async def fit(cls, settings: Settings, usable: list[tuple[Backend, str]], out_dir: Path) -> Budget:
-        fits = await fits_for(usable, settings, out_dir)
+    async def fit(cls, settings: Settings, usable: list[tuple[Backend, str]], out_dir: Path,
+                  on_probe: Callable[[tuple[int, ...]], None] | None = None) -> Budget:
+        fits = await fits_for(usable, settings, out_dir, on_probe=on_probe)
         chosen, forecast, sentence = fit_budget(settings, fits, pages=settings.pages, minutes=settings.minutes)
         return cls(chosen, f"budget: {sentence}", tuple(fits), forecast)
 

@@ -123,7 +123,7 @@ async def session(
             usable = None
             if job is None:
                 usable = await discover_all(bk, settings)
-                budget = await Budget.fit(settings, usable, out_dir)
+                budget = await Budget.fit(settings, usable, out_dir, on_probe=_probe_note(bus, usable))
                 job = job_for(budget.settings, budget)
             # what `handbook write` uses when given no backend (none recorded: the embedded engine)
             job.journal.set_meta("backends", [{"url": b.url, "cap": b.cap} | ({"power": b.power} if b.power else {})
@@ -210,6 +210,11 @@ class _Setup:
     writer: Writer
     background: BackgroundTypesetter | None
 
+
+
+def _probe_note(bus: Callable[[Event], None], usable: list[tuple[Backend, str]]) -> Callable[[tuple[int, ...]], None]:
+    """What a probe calls as it begins: ProbeStarted on the job's bus (its seconds are not the job's)."""
+    return lambda levels: bus(ProbeStarted(levels, len(usable), time.monotonic()))
 
 class _Job:
     """One run of a job: discover the backends, write the sections (``orchestrator.writing``), then save and typeset
@@ -341,7 +346,7 @@ class _Job:
         sections = job_sections(settings, outline, self.budget)
         try:
             fits = await fits_for(usable, settings, self.out_dir, self.budget, sections,
-                                  on_probe=lambda levels: self.bus(ProbeStarted(levels, len(usable), time.monotonic())))
+                                  on_probe=_probe_note(self.bus, usable))
         except BackendError as e:
             self.no_forecast = str(e)  # a forecast is a help, not the job: say why there is none, and go on
             log.warning("no forecast: %s", e)

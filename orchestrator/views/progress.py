@@ -92,7 +92,7 @@ class TerminalProgress:
         if isinstance(e, ProbeStarted):
             n = e.backends
             return (f"forecast: measuring the step time of {n} backend{'s' if n != 1 else ''} at "
-                    f"{_levels(e)} streams at once, before planning")
+                    f"{_levels(e)} streams at once, before the job starts")
         if isinstance(e, LevelPlanned):
             return f"planned level {e.level}: {e.nodes} {LEVEL_NAMES.get(e.level, 'nodes')}"
         if isinstance(e, OutlineReady):

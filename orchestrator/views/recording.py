@@ -241,7 +241,7 @@ def _event(record: dict[str, Any], base: float) -> Event:
             v = Reply(**{k: (base + x if k in _REPLY_TIMES and x is not None else x) for k, x in v.items()})
         elif f.name == "outline":
             v = Outline.from_json(v)
-        elif f.name == "backends":
+        elif isinstance(v, list):  # JSON has no tuple: JobStarted.backends, ProbeStarted.levels
             v = tuple(v)
         values[f.name] = v
     return cls(**values)

@@ -138,6 +138,42 @@ def test_a_paragraph_of_talk_between_content_goes_alone():
     assert without_talk(every, spans) == f"{GOOD}\n\n{MORE}\n\n{GOOD}\n\n{MORE}"
 
 
+# A book's own prose that the openers for reports of edits must not take for talk (a cold review's examples): Roman
+# numerals and the letter I, a mountain passage, a chapter revised for an edition, the request and response of HTTP.
+PROSE_NEAR_REPORTS = [
+    "World War I destroyed the original version of the great organ in the cathedral.",
+    "King Charles I commissioned the original version of the altarpiece.",
+    "Appendix I reproduces the original text of the treaty.",
+    "Last year I saw the original text of the Magna Carta in London.",
+    "This chapter shows how a long Makefile can be simplified with pattern rules.",
+    "The passage over the mountains can be shortened by taking the tunnel.",
+    "The text inside a code block should be edited with care, since whitespace matters.",
+    "The text of the license may be revised by the foundation.",
+    "The old mountain passage has been shortened by a new tunnel.",
+    "This chapter has been revised for the second edition of the guide.",
+    "The chapter on testing has been rewritten for Python 3.12.",
+    "I changed the request method to POST.",
+    "Finally, I changed the request timeout to thirty seconds.",
+]
+
+
+@pytest.mark.parametrize("sentence", PROSE_NEAR_REPORTS)
+def test_prose_near_a_report_of_edits_is_not_talk(sentence):
+    late = f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{sentence} {MORE}\n"  # where a tail would start
+    alone = f"{GOOD}\n\n{sentence}\n\n{MORE}\n\n{MORE}\n\n{GOOD}\n"  # a paragraph of its own between content
+    assert not talk_spans(late)
+    assert not talk_spans(alone).within
+
+
+def test_a_bare_i_hope_you_may_end_a_section_but_never_cuts_into_one():
+    sentence = "I hope you have packed warm clothes, because the pass is cold at night."
+    alone = f"{GOOD}\n\n{sentence}\n\n{MORE}\n\n{MORE}\n\n{GOOD}\n"
+    assert not talk_spans(alone)
+    # a sign-off that opens the same way still goes from between content
+    signed = f"{GOOD}\n\nI hope you enjoyed this section.\n\n{MORE}\n\n{MORE}\n\n{GOOD}\n"
+    assert without_talk(signed, talk_spans(signed)) == f"{GOOD}\n\n{MORE}\n\n{MORE}\n\n{GOOD}"
+
+
 def test_a_sign_off_later_in_a_first_paragraph_that_opens_with_talk_still_ends_the_section():
     # one paragraph (single line breaks): a report of edits, the section, then a sign-off
     text = ("The chapter on machine learning has been condensed into just two sentences for this blog post.\n"

@@ -15,6 +15,7 @@ from local_http import env
 
 from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.core.outline_md import OutlineFileError, read_outline_md, render_outline_md
+from orchestrator.views.recording import find_recording, read_recording
 
 PROMPT = "Write me a field guide to the rivers of Europe"
 
@@ -112,13 +113,17 @@ EDITED = {"none": 1, "outline": 6}
 @pytest.mark.parametrize("context", sorted(EDITED))
 def test_plan_then_edit_then_write_asks_only_for_what_changed(cards, tmp_path, context):
     out = tmp_path / "book"
-    quiet = ("-q",) if context == "outline" else ()  # the other shows its progress: the probe's note among it
+    # the other shows its progress, the probe's note among it, and records the run (`handbook plan --record`)
+    quiet = ("-q",) if context == "outline" else ("--record",)
     proc = handbook("plan", PROMPT, *backend_flags(cards.urls), "--parts", "2", "--chapters", "2", "--sections",
                     "3", "--out", str(out), *quiet, "--context", context)
     assert proc.returncode == 0, proc.stderr
     if not quiet:  # the probe is announced (ProbeStarted) before the job starts, not left at "[0s] planning"
         shown = proc.stdout + proc.stderr
         assert "forecast: measuring the step time of 2 backends at 3 then 12 streams at once" in shown, shown
+        events = list(read_recording(find_recording(out), base=0.0))
+        assert type(events[0]).__name__ == "ProbeStarted" and type(events[1]).__name__ == "JobStarted"
+        assert "replay it with: handbook replay" in proc.stderr
     assert {"outline.md", "outline.json", "forecast.json"} <= {p.name for p in out.iterdir()}
     assert not (out / "book.md").exists()  # planning only
     fc = json.loads((out / "forecast.json").read_text())
@@ -235,9 +240,11 @@ def test_write_has_a_flag_for_every_setting_it_may_change_and_no_flag_it_ignores
 
 def test_a_page_budget_gives_a_book_of_about_that_many_a5_pages(cards, tmp_path):
     out = tmp_path / "book"
-    proc = handbook(PROMPT, *backend_flags(cards.urls), "--pages", "40", "--out", str(out), "-q", timeout=600)
+    proc = handbook(PROMPT, *backend_flags(cards.urls), "--pages", "40", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "budget:" in proc.stderr  # it says what it chose
+    # and, before, that it measures the servers to choose it (ProbeStarted), not "[0s] planning" for the probe
+    assert "forecast: measuring the step time of 2 backends at" in proc.stdout + proc.stderr
     stats = json.loads((out / "stats.json").read_text())
     assert 36 <= stats["pdf_pages"] <= 44, stats["pdf_pages"]
     assert stats["forecast"]["error"]["pages"] is not None and abs(stats["forecast"]["error"]["pages"]) <= 0.1

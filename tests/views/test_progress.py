@@ -145,7 +145,7 @@ def test_the_forecasts_probe_is_shown_before_the_job_starts_and_is_not_on_its_cl
     assert progress.state.probe is None and progress.state.elapsed == 1.0
     progress.stop()
     text = out.getvalue()
-    assert "forecast: measuring the step time of 1 backend at 9 then 36 streams at once, before planning" in text
+    assert "forecast: measuring the step time of 1 backend at 9 then 36 streams at once, before the job starts" in text
     # the live display says it too, in its planning row
     live = TerminalProgress(Console(file=StringIO(), force_terminal=True, width=160))
     live(ProbeStarted((16, 64, 256), 6, t))

@@ -9,12 +9,13 @@ import dataclasses
 import gzip
 import subprocess
 import sys
+import time
 
 import anyio
 import pytest
 from feed_synth import synthetic_job
 
-from orchestrator.core.events import Delta, JobFinished, JobStarted, NodeFinished, NodeStarted
+from orchestrator.core.events import Delta, JobFinished, JobStarted, NodeFinished, NodeStarted, ProbeStarted
 from orchestrator.core.reply import Reply
 from orchestrator.core.states import NodeKind
 from orchestrator.views.recording import RECORDING_FILE, Recorder, find_recording, read_recording
@@ -102,6 +103,28 @@ async def test_a_recording_reads_back_as_the_run_it_kept(tmp_path):
     # and a finished text was not stored twice
     raw = gzip.decompress((tmp_path / RECORDING_FILE).read_bytes()).decode()
     assert raw.count('"tx":1') == sum(1 for e in seen if isinstance(e, NodeFinished) and e.reply.text)
+
+
+async def test_a_recording_of_a_run_that_probed_reads_back_and_replays(tmp_path):
+    # `handbook plan --record`: the forecast's probe is the recording's first event, before JobStarted
+    seen: list = []
+    rec = Recorder(tmp_path)
+
+    def both(e):
+        seen.append(e)
+        rec(e)
+
+    t = time.monotonic()
+    both(ProbeStarted((3, 12), 2, t - 2.0))
+    await synthetic_job(both, parts=1, chapters=1, sections=2, cap=2, words=40, chunk_delay=0.001)
+    back = list(read_recording(tmp_path / RECORDING_FILE, base=100.0))
+    assert back[0] == ProbeStarted((3, 12), 2, 100.0) and isinstance(back[1], JobStarted)
+    assert 101.9 < back[1].t < 103.0  # the probe's seconds stay before the job
+    assert back[1].backends == seen[1].backends and isinstance(back[1].backends, tuple)
+    assert sum(isinstance(e, NodeFinished) for e in back) == sum(isinstance(e, NodeFinished) for e in seen)
+    cmd = [sys.executable, "-m", "orchestrator", "replay", str(tmp_path), "--speed", "100", "--feed-linger", "0", "-q"]
+    proc = await anyio.to_thread.run_sync(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=120))
+    assert proc.returncode == 0, proc.stderr
 
 
 async def test_a_finished_text_unlike_its_deltas_is_kept_whole(tmp_path):
