@@ -269,6 +269,27 @@ def _render_image(self, tokens, idx, options, env) -> str:
     return f'<span class="img">[{html.escape(alt or "image", quote=False)}]</span>'
 
 
+def _render_ordered_list(self, tokens, idx, options, env) -> str:
+    """<ol>, with class "n2" or "n3" where its last number has two or three digits or more: book.css widens the
+    indent its markers hang in, which fits "9." (at 10 items the "1" of "10." was cut off at the text's left edge)."""
+    token = tokens[idx]
+    start = int(token.attrGet("start") or 1)
+    items, depth = 0, 0
+    for t in tokens[idx + 1:]:
+        if t.type == "ordered_list_open":
+            depth += 1
+        elif t.type == "ordered_list_close":
+            if depth == 0:
+                break
+            depth -= 1
+        elif t.type == "list_item_open" and depth == 0 and t.level == token.level + 1:
+            items += 1
+    digits = len(str(max(1, start + items - 1)))
+    if digits >= 2:
+        token.attrSet("class", "n2" if digits == 2 else "n3")
+    return self.renderToken(tokens, idx, options, env)
+
+
 @lru_cache(maxsize=1)
 def _md() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False}).enable("table")
@@ -276,6 +297,7 @@ def _md() -> MarkdownIt:
     md.add_render_rule("fence", _render_fence)
     md.add_render_rule("code_block", _render_code_block)
     md.add_render_rule("image", _render_image)
+    md.add_render_rule("ordered_list_open", _render_ordered_list)
     return md
 
 

@@ -44,6 +44,9 @@ ZLIB_LEVEL = 6
 # Relative URLs in a template resolve against this; the fetcher maps it onto the template directories and
 # refuses everything else (file:, http(s) anywhere, data:, 127.0.0.1 ...). ".invalid" never resolves.
 ASSET_BASE = "https://handbook.invalid/assets/"
+# WeasyPrint applies HTML's presentational attributes only when asked: without them a list that markdown-it renders as
+# <ol start="4"> (steps resumed after a code block, "4." in book.md) printed from 1 again.
+RENDER = {"presentational_hints": True}
 
 
 class AssetFetcher(URLFetcher):
@@ -100,7 +103,7 @@ def layout_chunk(job: dict[str, Any]) -> dict[str, Any]:
         )
     t_html = time.perf_counter()
     fetcher = AssetFetcher(dirs)
-    doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=fetcher).render()
+    doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=fetcher).render(**RENDER)
     del html
     t_layout = time.perf_counter()
     pages = len(doc.pages)
@@ -137,7 +140,8 @@ def page_box(dirs: list[str]) -> dict[str, float]:
     if key not in _GEOMETRY:
         html = document_html(dirs, mode="pdf", front=False, title_html=Markup(""), title_text="", toc=[],
                              preface_html=Markup(""), nodes=[])
-        _GEOMETRY[key] = page_geometry(HTML(string=html, base_url=ASSET_BASE, url_fetcher=AssetFetcher(dirs)).render())
+        doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=AssetFetcher(dirs)).render(**RENDER)
+        _GEOMETRY[key] = page_geometry(doc)
     return _GEOMETRY[key]
 
 
@@ -186,7 +190,7 @@ def layout_galley(job: dict[str, Any]) -> dict[str, Any]:
     html = html.replace("</body>", body + "</body>", 1) if "</body>" in html else html + body  # a template may omit it
     t_html = time.perf_counter()
     fetcher = AssetFetcher(dirs)
-    doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=fetcher).render()
+    doc = HTML(string=html, base_url=ASSET_BASE, url_fetcher=fetcher).render(**RENDER)
     del html
     t_layout = time.perf_counter()
     anchors = anchor_boxes(doc)

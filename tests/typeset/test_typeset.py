@@ -362,3 +362,28 @@ def test_the_worker_loads_no_job_machinery(tmp_path):
     assert "weasyprint" in out
     for heavy in ("rich", "aiohttp", "anyio", "openai", "pypdf", "orchestrator.job.run", "orchestrator.wire.client"):
         assert heavy not in out
+
+
+def test_numbered_lists_keep_their_numbers_and_every_marker_stays_on_the_page(tmp_path):
+    # SmolLM2-135M's "10. **Test Automation**" printed as "0." in stop 40's demo (the "1" of a two-digit marker was cut
+    # off at the text's left edge), and steps resumed after a code block ("4." in book.md) printed from "1." again.
+    steps = "\n".join(f"{i}. **Step {i}**: do the thing number {i}." for i in range(1, 13))
+    resumed = "1. Install it.\n2. Configure it.\n3. Start it.\n\n```sh\nmake run\n```\n\n4. Run the tests.\n5. Ship it."
+    hundred = "\n".join(f"{i}. Entry {i}." for i in range(99, 103))
+    md = (f"# Lists\n\n## Part One\n\n### Chapter One\n\n#### Numbered\n\nTwelve steps:\n\n{steps}\n\nResumed:\n\n"
+          f"{resumed}\n\nFrom 99:\n\n{hundred}\n")
+    assert '<ol class="n2">' in render_markdown(steps) and '<ol start="99" class="n3">' in render_markdown(hundred)
+    assert "<ol>" in render_markdown("1. One.\n2. Two.\n")  # a short list keeps the narrow indent
+    info = typeset(md, tmp_path, formats=("pdf",), workers=1)
+    page = pypdf.PdfReader(str(info.pdf_path)).pages[-1]
+    runs: list[tuple[str, float]] = []
+
+    def visit(text, cm, tm, _font, _size):
+        if text.strip():
+            runs.append((text.strip(), tm[4] * cm[0] + cm[4]))
+
+    page.extract_text(visitor_text=visit)
+    left = next(x for t, x in runs if t.startswith("Twelve steps"))  # where the text column begins
+    markers = [(t, x) for t, x in runs if re.fullmatch(r"\d+\.", t)]  # drawn after the items' text, in order
+    assert [t for t, _ in markers] == [f"{i}." for i in (*range(1, 13), 1, 2, 3, 4, 5, *range(99, 103))]
+    assert all(x >= left - 1.0 for _, x in markers), [m for m in markers if m[1] < left - 1.0]
