@@ -16,6 +16,7 @@ import html
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -270,23 +271,32 @@ def _render_image(self, tokens, idx, options, env) -> str:
 
 
 def _render_ordered_list(self, tokens, idx, options, env) -> str:
-    """<ol>, with class "n2" or "n3" where its last number has two or three digits or more: book.css widens the
-    indent its markers hang in, which fits "9." (at 10 items the "1" of "10." was cut off at the text's left edge)."""
+    """<ol>, its indent fitted to its widest number, and its items numbered as written where that was deliberate.
+
+    List markers hang in the indent, and a galley slice is clipped to the text box, so an <ol> whose widest number
+    has 2 to 9 digits gets the class "n2" to "n9", which book.css indents by (digits + 1) x 0.65em (stop 40's demo
+    printed "10." as "0."). CommonMark numbers a list from its first number on; where the numbers written rise
+    (a timeline: "1969.", "1972.", "1989.") each item keeps its own (``<li value>``), where they do not ("1." on
+    every item, the Markdown habit) the list counts up."""
     token = tokens[idx]
-    start = int(token.attrGet("start") or 1)
-    items, depth = 0, 0
-    for t in tokens[idx + 1:]:
-        if t.type == "ordered_list_open":
-            depth += 1
-        elif t.type == "ordered_list_close":
-            if depth == 0:
-                break
-            depth -= 1
-        elif t.type == "list_item_open" and depth == 0 and t.level == token.level + 1:
-            items += 1
-    digits = len(str(max(1, start + items - 1)))
+    start = token.attrGet("start")
+    first = 1 if start is None else int(start)
+    items = []
+    for k in range(idx + 1, len(tokens)):  # an index loop: no copy of the rest of the document per list
+        t = tokens[k]
+        if t.level == token.level and t.type == "ordered_list_close":
+            break
+        if t.level == token.level + 1 and t.type == "list_item_open":
+            items.append(t)
+    written = [int(t.info) for t in items if t.info.isdigit()]
+    numbers = list(range(first, first + len(items)))
+    if len(written) == len(items) and written != numbers and all(a < b for a, b in pairwise(written)):
+        numbers = written
+        for t, n in zip(items, numbers, strict=True):
+            t.attrSet("value", str(n))
+    digits = len(str(max(numbers, default=first)))
     if digits >= 2:
-        token.attrSet("class", "n2" if digits == 2 else "n3")
+        token.attrSet("class", f"n{min(digits, 9)}")
     return self.renderToken(tokens, idx, options, env)
 
 

@@ -370,20 +370,28 @@ def test_numbered_lists_keep_their_numbers_and_every_marker_stays_on_the_page(tm
     steps = "\n".join(f"{i}. **Step {i}**: do the thing number {i}." for i in range(1, 13))
     resumed = "1. Install it.\n2. Configure it.\n3. Start it.\n\n```sh\nmake run\n```\n\n4. Run the tests.\n5. Ship it."
     hundred = "\n".join(f"{i}. Entry {i}." for i in range(99, 103))
+    years = "1969. The landing.\n1972. The last walk.\n1989. A probe to Neptune."  # numbers as written: they rise
+    lazy = "1. One.\n1. Two.\n1. Three."  # the Markdown habit: counted up
+    word = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 2  # wider than the text box
     md = (f"# Lists\n\n## Part One\n\n### Chapter One\n\n#### Numbered\n\nTwelve steps:\n\n{steps}\n\nResumed:\n\n"
-          f"{resumed}\n\nFrom 99:\n\n{hundred}\n")
+          f"{resumed}\n\nFrom 99:\n\n{hundred}\n\nYears:\n\n{years}\n\nLazy:\n\n{lazy}\n\n"
+          f"Nine:\n\n123456789. Nine digits.\n\nA word: {word} ends here.\n")
     assert '<ol class="n2">' in render_markdown(steps) and '<ol start="99" class="n3">' in render_markdown(hundred)
     assert "<ol>" in render_markdown("1. One.\n2. Two.\n")  # a short list keeps the narrow indent
+    assert '<li value="1972">' in render_markdown(years) and "value=" not in render_markdown(lazy)
     info = typeset(md, tmp_path, formats=("pdf",), workers=1)
-    page = pypdf.PdfReader(str(info.pdf_path)).pages[-1]
     runs: list[tuple[str, float]] = []
 
     def visit(text, cm, tm, _font, _size):
         if text.strip():
             runs.append((text.strip(), tm[4] * cm[0] + cm[4]))
 
-    page.extract_text(visitor_text=visit)
+    for page in pypdf.PdfReader(str(info.pdf_path)).pages[3:]:  # the body, after the title page and contents
+        page.extract_text(visitor_text=visit)
     left = next(x for t, x in runs if t.startswith("Twelve steps"))  # where the text column begins
     markers = [(t, x) for t, x in runs if re.fullmatch(r"\d+\.", t)]  # drawn after the items' text, in order
-    assert [t for t, _ in markers] == [f"{i}." for i in (*range(1, 13), 1, 2, 3, 4, 5, *range(99, 103))]
-    assert all(x >= left - 1.0 for _, x in markers), [m for m in markers if m[1] < left - 1.0]
+    assert [t for t, _ in markers] == [f"{i}." for i in (*range(1, 13), 1, 2, 3, 4, 5, *range(99, 103), 1969, 1972,
+                                                          1989, 1, 2, 3, 123456789)]
+    assert all(x >= left - 0.1 for _, x in markers), [m for m in markers if m[1] < left - 0.1]
+    # a word wider than the text box breaks at its edge rather than running past it (where it would be clipped)
+    assert not any(word in t for t, _ in runs) and any(t.startswith(word[:40]) for t, _ in runs)
