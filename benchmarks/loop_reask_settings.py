@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
+from section_prompt_variants import ask, engine_url  # this folder: the same request and engine lookup
 
 from orchestrator.book.checks import loop_reason
 from orchestrator.book.cutback import complete_part
@@ -35,24 +35,6 @@ from orchestrator.core.config import Settings
 from orchestrator.core.outline import Outline
 from orchestrator.core.profiles import PROFILES
 from orchestrator.job.section_prompt import section_text
-
-
-def engine_url() -> str:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "engine", "status", "--json"], capture_output=True,
-                          text=True, timeout=60)
-    status = json.loads(proc.stdout or "{}") if proc.returncode == 0 else {}
-    if not status.get("running"):
-        sys.exit("loop_reask_settings: no --backend and the embedded engine is not running: "
-                 "`handbook engine start` first")
-    return str(status["url"])
-
-
-async def ask(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[str, str, int]:
-    async with session.post(f"{url}/chat/completions", json=body) as r:
-        r.raise_for_status()
-        data = await r.json()
-    choice = data["choices"][0]
-    return choice["message"]["content"] or "", choice["finish_reason"], data["usage"]["completion_tokens"]
 
 
 def count(answers: list[tuple[str, str, int]], seconds: float) -> dict:
@@ -69,7 +51,7 @@ def count(answers: list[tuple[str, str, int]], seconds: float) -> dict:
 
 async def run(args: argparse.Namespace, outline: Outline, variants: dict[str, tuple[float, float]]
               ) -> list[dict]:
-    url = (args.backend or engine_url()).rstrip("/")
+    url = (args.backend or engine_url("loop_reask_settings")).rstrip("/")
     profile = PROFILES[args.profile]
     settings = Settings(context=args.context, words=args.words, max_tokens=args.max_tokens)
     refs = list(outline.sections())

@@ -31,7 +31,6 @@ import asyncio
 import json
 import re
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -45,19 +44,18 @@ from orchestrator.book.overlap import sibling_shares
 from orchestrator.core.config import Settings
 from orchestrator.core.outline import Outline
 from orchestrator.core.profiles import PROFILES
+from orchestrator.engine import running_engine_url
 from orchestrator.job.section_prompt import section_text
 
 DOCUMENT_TALK = re.compile(r"\b(?:the|this) (?:document|text|passage|article|chapter)\b", re.IGNORECASE)
 
 
-def engine_url() -> str:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "engine", "status", "--json"], capture_output=True,
-                          text=True, timeout=60)
-    status = json.loads(proc.stdout or "{}") if proc.returncode == 0 else {}
-    if not status.get("running"):
-        sys.exit("section_prompt_variants: no --backend and the embedded engine is not running: "
-                 "`handbook engine start` first")
-    return str(status["url"])
+def engine_url(script: str = "section_prompt_variants") -> str:
+    """The running embedded engine's /v1 URL (orchestrator.engine.running_engine_url), or exit naming ``script``."""
+    url = running_engine_url()
+    if url is None:
+        sys.exit(f"{script}: no --backend and the embedded engine is not running: `handbook engine start` first")
+    return url
 
 
 async def ask(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[str, str, int]:

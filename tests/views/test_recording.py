@@ -65,7 +65,8 @@ def _close(a: list[dict], b: list[dict]) -> None:
         assert x == y
 
 
-async def test_a_recording_reads_back_as_the_run_it_kept(tmp_path):
+def _recorded(tmp_path):
+    """(the events seen, the Recorder, a consumer giving each event to both)."""
     seen: list = []
     rec = Recorder(tmp_path)
 
@@ -73,6 +74,11 @@ async def test_a_recording_reads_back_as_the_run_it_kept(tmp_path):
         seen.append(e)
         rec(e)
 
+    return seen, rec, both
+
+
+async def test_a_recording_reads_back_as_the_run_it_kept(tmp_path):
+    seen, rec, both = _recorded(tmp_path)
     stats = await synthetic_job(both, parts=2, chapters=2, sections=3, cap=3, words=90, chunk_delay=0.004,
                                 retry_path="1.2.1", hostile_path="1.1.2")
     assert (tmp_path / RECORDING_FILE).is_file() and not (tmp_path / (RECORDING_FILE + ".part")).exists()
@@ -107,13 +113,7 @@ async def test_a_recording_reads_back_as_the_run_it_kept(tmp_path):
 
 async def test_a_recording_of_a_run_that_probed_reads_back_and_replays(tmp_path):
     # `handbook plan --record`: the forecast's probe is the recording's first event, before JobStarted
-    seen: list = []
-    rec = Recorder(tmp_path)
-
-    def both(e):
-        seen.append(e)
-        rec(e)
-
+    seen, _, both = _recorded(tmp_path)
     t = time.monotonic()
     both(ProbeStarted((3, 12), 2, t - 2.0))
     await synthetic_job(both, parts=1, chapters=1, sections=2, cap=2, words=40, chunk_delay=0.001)
