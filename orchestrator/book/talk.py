@@ -24,8 +24,9 @@ content, where the talk is followed by most of the section or by content it may 
 "Here's a rewritten version of the text ..." between the model's two runs at the section), unless it ends in a colon
 right before code, a list, a table or a quote, which it introduces, or is a bare "I hope you ..." (weak: it may end a
 section, never cut into one). Code, headings, list items (with their continuation lines), table rows and quotes are
-never read: a sentence in them is content. A section that is talk and nothing else is printed as written. book.md prints the section without the talk (``assemble.section_body``);
-``defects.json`` ``assistant_talk`` names each section, and counts, as every defect does, the text as generated.
+never read: a sentence in them is content. A section that is talk and nothing else is printed as written. book.md
+prints the section without the talk (``assemble.section_body``); ``defects.json`` ``assistant_talk`` names each
+section, and counts, as every defect does, the text as generated.
 """
 
 from __future__ import annotations
