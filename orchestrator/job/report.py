@@ -63,7 +63,8 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     sections = len(book.sections)
     section_replies = [r for k, r in rec.replies if k == "section"]
     reask_replies = [r for k, r in rec.replies if k == REASK]  # repairs and continuations of written sections
-    plan_replies = [r for k, r in rec.replies if k not in ("section", REASK)]
+    planning = {k for k, _ in rec.replies} - {"section", REASK}
+    plan_replies = [r for k, r in rec.replies if k in planning]
     section_tokens = sum(r.completion_tokens for r in section_replies)
     probe_tokens = sum(f.probe_tokens for f in rec.fleet)
     tokens = sum(r.completion_tokens for _, r in rec.replies) + probe_tokens
@@ -106,7 +107,10 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         # answers stopped as they streamed (a section caught in a repetition loop, asked again at once): in requests and
         # request_errors; their tokens, in tokens_written, are the usage of the last chunk read (a watched stream asks
         # for continuous usage stats), else one a content delta read (BackendClient._stopped)
-        "stopped_answers": sum(1 for _, r in rec.replies if r.finish_reason == STOPPED),
+        "stopped_answers": sum(1 for k, r in rec.replies if r.finish_reason == STOPPED and k not in planning),
+        # planning replies read until their list was complete, then stopped (planning/stream.Expansion.watch): answers,
+        # in requests and planning_requests, not in request_errors; tokens counted as stopped_answers' are
+        "planning_stopped": sum(1 for r in plan_replies if r.finish_reason == STOPPED),
         "failed_sections": len(failed),
         "interrupted_sections": len(interrupted),
         "empty_sections": len(empty),

@@ -48,6 +48,10 @@ SectionCallback = Callable[[str, str, str, str, int, str], None]
 ChildStart = Callable[[int, str, str | None], None]
 
 
+def _no_child(_index: int, _title: str, _book: str | None) -> None:
+    """A followed chapter's child start where its sections start from the whole list instead (see _chapter)."""
+
+
 class Planner:
     """Makes the outline through ``dispatcher``. Its journal, if it has one, is also where titles committed while a
     reply streams are recorded, and where a rerun finds them, so a node re-planned after a kill keeps the titles
@@ -146,6 +150,7 @@ class Planner:
         out = await self.d.run(
             path, kind, label, request.build, request.validate, priority=(0, 0),
             on_delta=exp.on_delta if start_child is not None else None, restore=request.restore, keep=keep_titles,
+            watch=exp.watch,
         )
         if out.value is not None and self.distinct:
             self.taken.update(norm(t) for t in out.value.items)
@@ -308,8 +313,11 @@ class _PlanRun:
         stream = None
         if s.pipeline and self.on_section is not None and not self.whole_lists:
             stream = partial(self._start_section, book, part, cpath, chapter)
+        # Pipeline mode follows every chapter's reply as it streams, also where no section starts from it (context
+        # "outline", or no writer): its titles are committed as they come, and the reply is stopped once the list is
+        # complete instead of read to its end (Expansion.watch).
         got, started = await self.planner.node(
-            cpath, NodeKind.CHAPTER, chapter, s.sections, False, stream,
+            cpath, NodeKind.CHAPTER, chapter, s.sections, False, stream or (_no_child if s.pipeline else None),
             request=self.planner.prompt, book=book, part=part, chapter=chapter, index=ci + 1, count=s.chapters,
             siblings=before,
         )

@@ -11,8 +11,9 @@ import json
 import os
 import subprocess
 
+import pytest
 from local_http import env, job_cmd
-from scripted_book import BRIEF, SHAPE, book_answer
+from scripted_book import BRIEF, SHAPE, book_answer, journal_rows
 from scripted_openai import Answer, Request, ScriptedServer
 
 from orchestrator.core.outline_md import read_outline_md
@@ -149,3 +150,34 @@ def test_the_small_profile_asks_no_brief_and_sends_the_chapters_titles(tmp_path)
         assert text.rstrip().endswith(f'Explain "{r.title}" in about 250 words for the test book. Use short paragraphs '
                                       "and one example. Keep to this one topic.")
     assert "brief" not in json.loads((out / "outline.json").read_text())
+
+
+@pytest.mark.parametrize("context", ["outline", "none"])
+def test_a_chapter_list_that_runs_on_is_stopped_once_its_titles_are_in(tmp_path, context):
+    # "Practice"'s reply lists its four titles as text, then repeats the last one and falls silent with the stream
+    # open (as a small model looping to its token cap, only slower). The list is complete at the fourth line: the
+    # reply is read no further, the node is not asked again, and its sections are written (outline: they start from
+    # the whole list, which is now known).
+    listed = "".join(f"{i}. Practice {i}\n" for i in range(1, 5))
+
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter" and req.title == "Practice":
+            looping = listed + "4. Practice 4\n" * 40
+            return Answer(looping, hang_after=len(listed) + 20)
+        return book_answer(req)
+
+    out = tmp_path / "o"
+    with ScriptedServer(answer) as srv:
+        run = _run(job_cmd("A test book", [], out, *SHAPE, "--context", context, "--chunk-timeout", "30"), srv)
+        assert run.returncode == 0, run.stderr
+        practice = [r for r in srv.of("chapter") if r.title == "Practice"]
+    assert len(practice) == 1  # read until complete, not until the chunk timeout cut it and it was asked again
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["planning_stopped"] == 1 and stats["request_errors"] == 0 and stats["stopped_answers"] == 0
+    assert stats["sections"] == 8 and stats["failed_sections"] == 0
+    outline = json.loads((out / "outline.json").read_text())
+    (chapter,) = [c for p in outline["parts"] for c in p["chapters"] if c["title"] == "Practice"]
+    assert chapter["sections"] == [f"Practice {i}" for i in range(1, 5)]
+    (row,) = journal_rows(out, "SELECT finish_reason, text FROM nodes WHERE kind = 'chapter' AND title = 'Practice'")
+    # the text read: the list and what came in the same chunk (8 characters), no more
+    assert row[0] == "stopped" and row[1].startswith(listed.rstrip()) and len(row[1]) <= len(listed) + 8, row

@@ -117,6 +117,34 @@ def test_expansion_retry_that_repeats_the_committed_prefix_continues():
     assert parse_titles('{"items":["A","B","C","D"]}', 3, False, tuple(exp.committed)).items == ("A", "B", "C")
 
 
+def test_a_text_list_is_stopped_once_all_its_titles_are_committed_and_a_json_one_is_left_to_end():
+    exp = Expansion(3, False, lambda i, t, b: None)
+    stop = exp.watch()
+    assert stop is not None
+    exp.new_attempt()
+    for piece in ["1. A\n2. B", "\n3. C", "\n", "3. C\n3. C\n"]:
+        exp.on_delta(piece)
+        if stop(piece):
+            break
+    # stopped at the newline that completed the third title, before the repeats were read
+    assert piece == "\n" and exp.committed == ["A", "B", "C"]
+    assert parse_titles("1. A\n2. B\n3. C\n", 3, False, tuple(exp.committed)).items == ("A", "B", "C")
+    # a re-asked reply that repeats a committed title is not yet complete: only n committed titles stop it
+    exp = Expansion(3, False, lambda i, t, b: None)
+    stop = exp.watch()
+    exp.new_attempt()
+    for piece in ["1. A\n", "2. A\n", "3. B\n"]:
+        exp.on_delta(piece)
+        assert stop(piece) is None
+    # JSON ends with its list (a schema bounds it): read whole
+    exp = Expansion(2, False, lambda i, t, b: None)
+    stop = exp.watch()
+    exp.new_attempt()
+    exp.on_delta('{"items":["A","B"')
+    assert exp.committed == ["A", "B"] and stop('"B"') is None
+    assert Expansion(3, False, None).watch() is None  # strict mode follows no stream, so stops none
+
+
 def test_strict_expansion_starts_nothing():
     exp = Expansion(3, False, None)
     exp.new_attempt()
