@@ -278,6 +278,10 @@ _DOCUMENT = re.compile(r"\.(?:pdf|docx?|epub|txt|odt|rtf)\b", re.I)
 _URL = re.compile(r"\b(?:https?|ftp)://|\bwww\.\w", re.I)  # "Use color effectively (https://...)" (SmolLM2-135M)
 _FILE_NAME = re.compile(r"^[\w.-]+\.(?:md|json|csv|html?|xml|png|jpe?g|gif|svg|zip|gz|tar|log)$", re.I)
 _LETTER = re.compile(r"[^\W\d_]")
+# 25 letters or more without a break: no word of a title ("abcdmccgjhx8lqwz700eakriwfpliksbzdxcpfaaliyafognircprrr",
+# SmolLM2-135M's chapter list in a software handbook); the other words of 672 titles in 14 of its books had at most
+# 15 ("Vulnerabilities"), the simulator's word banks 20 ("Internationalization")
+_RUN_ON = re.compile(r"[^\W\d_]{25,}")
 
 
 def norm_title(title: str) -> str:
@@ -292,8 +296,9 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
     it under the same parent, in reading order. Debris: prompt words echoed back ("Title: ...", "items", "JSON",
     "in reading order"), markup and JSON fragments, numbering ("5.5", "Handbook. 6.3", "(2)"), dates and
     timestamps, file names ("book.pdf"), web addresses, a copy of an ancestor's title, a line of more than 12 words, a
-    placeholder ("Section 3"), a title with no letter, and a repeat of an earlier sibling. Titles that merely
-    contain digits, slashes or a version ("HTTP/2 and gRPC", "Python 3.12 Features", "The 12-Factor App") pass.
+    placeholder ("Section 3"), a title with no letter, a run of letters too long for a word, and a repeat of an
+    earlier sibling. Titles that merely contain digits, slashes or a version ("HTTP/2 and gRPC", "Python 3.12
+    Features", "The 12-Factor App") pass.
 
     Stricter than :func:`orchestrator.planning.weak_title` (the planner's gate, which must also salvage a book from a
     small model's replies): this one is the quality checker's, applied to the finished outline.
@@ -310,6 +315,7 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
         (bool(_URL.search(t)), "a web address"),
         (bool(_PLACEHOLDER.match(t)), "a placeholder"),
         (len(t.split()) > MAX_TITLE_WORDS, f"over {MAX_TITLE_WORDS} words"),
+        (bool(_RUN_ON.search(t)), "letters that make no word"),
         (t.endswith((":", ",", ";")) or t.startswith((":", ",", ";")), "a fragment"),
         (n in {norm_title(a) for a in ancestors}, "a copy of a parent's or the book's title"),
         (n in {norm_title(s) for s in siblings}, "a repeat of an earlier title under the same parent"),

@@ -184,6 +184,8 @@ def extract_titles(text: str) -> tuple[str | None, list[str]]:
 
 _WORDLIKE = re.compile(r"[^\W\d_]")  # at least one letter
 _DEBRIS = re.compile(r'[{}\[\]"]|\d+(?:\.\d+){3,}')  # JSON fragments, "1.1.1.1" chains
+# five words or more ending in a lower-case word and a full stop: a sentence (an abbreviation such as "etc." is not)
+_SENTENCE_END = re.compile(r"(?:\S+\s+){4,}(?!etc\.$)[a-z]{2,}\.$")
 
 
 def weak_title(title: str, avoid: frozenset[str], taken: frozenset[str] | set[str] = frozenset()) -> str | None:
@@ -322,10 +324,17 @@ def _salvage(
     out = list(fixed)
     seen = {norm(x) for x in out}
     candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
-    _fill(out, seen, candidates, avoid, n, taken)
+    # A line the model wrote as a sentence and the gate cut to a title's length reads as one cut off ("Design
+    # Patterns: I have designed 50 different design pattern varieties using Javadoc", "Regression (X-Y): This link
+    # provides more detail on the concept but should"): it comes after the fillers, which read as headings.
+    whole = [x for x, line in zip(candidates, [*items[len(fixed):], *pool], strict=True) if not _sentence(x, line)]
+    cut = [x for x in candidates if x not in whole]
+    _fill(out, seen, whole, avoid, n, taken)
     if qualify and len(out) < n:
-        again = [qualified(x, qualify) for x in candidates if norm(x) in taken and not weak_title(x, avoid)]
+        again = [qualified(x, qualify) for x in whole if norm(x) in taken and not weak_title(x, avoid)]
         _fill(out, seen, again, avoid, n, taken)
+    if not own:  # the book node has no fillers: a cut title before a weak one
+        _fill(out, seen, cut, avoid, n, taken)
     no_strong = len(out) == len(fixed)
     filled = 0
     if own and len(out) < n and (candidates or fixed):  # a model that named no title at all fails the node
@@ -336,6 +345,7 @@ def _salvage(
         _fill(out, seen, [x for x in made if not weak_title(_shorten(x), avoid, taken)], avoid, n, taken,
               allow_weak=True)
         filled = len(out) - before
+        _fill(out, seen, cut, avoid, n, taken)
     if no_strong and len(out) < n:  # no strong title at all: weak ones rather than lose the node's part of the book
         if qualify:
             # the book's titles must be distinct: weak ones (a near copy, debris) that repeat no title of the book
@@ -344,6 +354,13 @@ def _salvage(
             _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
         _fill(out, seen, candidates, avoid, n, taken, allow_weak=True)
     return out, filled
+
+
+def _sentence(title: str, line: str) -> bool:
+    """Was ``line`` (a title as the reply wrote it; ``title`` as the gate shortened it) a sentence rather than a
+    title: cut to the title length, or ending as a sentence ends ("Climate change impacts on traditional
+    livelihoods, human rights, and food security.")?"""
+    return title != " ".join(line.split()) or _SENTENCE_END.search(title) is not None
 
 
 def _fill(out: list[str], seen: set[str], candidates: list[str], avoid: frozenset[str], n: int,
