@@ -36,8 +36,9 @@ from local_http import LocalHTTPServer
 class FakeServer(LocalHTTPServer):
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,
                  retry_after: float = 2.0, model: str = "fake-model", fail_sections: tuple[str, ...] = (),
-                 section_chunk_delay: float = 0.0, strict_stream_options: int = 0):
+                 section_chunk_delay: float = 0.0, strict_stream_options: int = 0, refuse_schema: bool = False):
         self.mode = mode
+        self.refuse_schema = refuse_schema  # a 400 to a request with response_format, before anything else is read
         # a status (400, or 422: FastAPI's validation error) refusing stream_options.continuous_usage_stats, as a
         # server that validates the request and knows only include_usage does (0: the field is taken, and the usage
         # of a stream comes in its last event alone, whether asked or not)
@@ -99,6 +100,9 @@ class FakeServer(LocalHTTPServer):
             return
         with self._lock:
             self.bodies.append(req)
+        if self.refuse_schema and req.get("response_format"):
+            self._send(h, 400, b'{"error": {"message": "response_format json_schema is not supported"}}')
+            return
         extra = sorted(set(req.get("stream_options") or {}) - {"include_usage"})
         if self.strict_stream_options and extra:
             msg = "Extra inputs are not permitted"

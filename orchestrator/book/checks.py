@@ -278,10 +278,12 @@ _DOCUMENT = re.compile(r"\.(?:pdf|docx?|epub|txt|odt|rtf)\b", re.I)
 _URL = re.compile(r"\b(?:https?|ftp)://|\bwww\.\w", re.I)  # "Use color effectively (https://...)" (SmolLM2-135M)
 _FILE_NAME = re.compile(r"^[\w.-]+\.(?:md|json|csv|html?|xml|png|jpe?g|gif|svg|zip|gz|tar|log)$", re.I)
 _LETTER = re.compile(r"[^\W\d_]")
-# 25 letters or more without a break: no word of a title ("abcdmccgjhx8lqwz700eakriwfpliksbzdxcpfaaliyafognircprrr",
-# SmolLM2-135M's chapter list in a software handbook); the other words of 672 titles in 14 of its books had at most
-# 15 ("Vulnerabilities"), the simulator's word banks 20 ("Internationalization")
-_RUN_ON = re.compile(r"[^\W\d_]{25,}")
+# 25 Latin letters or more without a break, of one case after the first: no word of a title
+# ("abcdmccgjhx8lqwz700eakriwfpliksbzdxcpfaaliyafognircprrr", "AbcdMCCGJHQRYZDRIDDULFF...", SmolLM2-135M's chapter list
+# in a software handbook); the other words of 672 titles in 14 of its books had at most 15 letters ("Vulnerabilities"),
+# the simulator's word banks 20 ("Internationalization"). An identifier in camel case is words
+# ("ConcurrentModificationException"), and a script written without spaces is not Latin.
+_RUN_ON = re.compile(r"[A-Za-z][a-z]{24,}|[A-Z]{25,}")
 
 
 def norm_title(title: str) -> str:

@@ -63,7 +63,7 @@ class NodeRequest:
         return base
 
     def build(self, client: BackendClient, attempt: int) -> dict[str, Any]:
-        self.exp.new_attempt()  # called at the start of every attempt: the stream parser starts afresh
+        self.exp.new_attempt(attempt)  # called at the start of every attempt: the stream parser starts afresh
         p, s = self.planner.profile, self.planner.settings
         if p.planning == "list":
             return self._few_shot(client)

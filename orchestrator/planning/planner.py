@@ -48,10 +48,6 @@ SectionCallback = Callable[[str, str, str, str, int, str], None]
 ChildStart = Callable[[int, str, str | None], None]
 
 
-def _no_child(_index: int, _title: str, _book: str | None) -> None:
-    """A followed chapter's child start where its sections start from the whole list instead (see _chapter)."""
-
-
 class Planner:
     """Makes the outline through ``dispatcher``. Its journal, if it has one, is also where titles committed while a
     reply streams are recorded, and where a rerun finds them, so a node re-planned after a kill keeps the titles
@@ -73,7 +69,9 @@ class Planner:
     unusable reply), told which of its titles are used elsewhere; its next attempt fills its places with taken
     titles qualified by its own title ("Testing" in chapter "Web Services": "Testing in Web Services",
     :func:`~.made.qualified`) rather than fail. The book node asks for no spare: nothing is taken before it.
-    With ``distinct_titles`` False (the published take) every request, schema and title is what it always was.
+    With ``distinct_titles`` False (the published take) every prompt, schema and title is what it always was (a
+    reply followed as it streams, in pipeline mode, also asks for continuous usage stats: it may be stopped once its
+    list is complete, :meth:`~.stream.Expansion.watch`).
     """
 
     def __init__(self, dispatcher: Dispatcher, prompt: str, settings: Settings, emit: Callable[[Any], None],
@@ -123,17 +121,18 @@ class Planner:
 
     async def node(
         self, path: str, kind: NodeKind, label: str, n: int, want_title: bool, start_child: ChildStart | None = None,
-        **values: Any,
+        watch_only: bool = False, **values: Any,
     ) -> tuple[Titles, int]:
         """Plan one node (``kind`` is also its prompt template). Returns its titles and how many children were
-        already started from its stream (or from the titles an earlier run had committed)."""
+        already started from its stream (or from the titles an earlier run had committed). ``watch_only`` (no
+        ``start_child``): each reply is followed only to stop it once its list is complete (Expansion.watch)."""
         journal = self.d.journal
         ancestors = [values.get(k) for k in ("book", "part", "chapter")]
         spare = spare_count(n) if self.settings.distinct_titles and kind != NodeKind.BOOK else 0
         exp = Expansion(
             n, want_title, start_child, frozenset(norm(a) for a in ancestors if a),
             on_commit=partial(journal.commit_titles, path, label) if journal is not None else None,
-            taken=self.taken if self.distinct else None, spares=spare > 0,
+            taken=self.taken if self.distinct else None, spares=spare > 0, watch_only=watch_only,
         )
         request = NodeRequest(self, kind, n, want_title, exp, values, spare)
         self.level_requests[level_of(path)] += 1
@@ -149,7 +148,8 @@ class Planner:
                     start_child(i, t, exp.title)
         out = await self.d.run(
             path, kind, label, request.build, request.validate, priority=(0, 0),
-            on_delta=exp.on_delta if start_child is not None else None, restore=request.restore, keep=keep_titles,
+            on_delta=exp.on_delta if start_child is not None or watch_only else None, restore=request.restore,
+            keep=keep_titles,
             watch=exp.watch,
         )
         if out.value is not None and self.distinct:
@@ -314,10 +314,9 @@ class _PlanRun:
         if s.pipeline and self.on_section is not None and not self.whole_lists:
             stream = partial(self._start_section, book, part, cpath, chapter)
         # Pipeline mode follows every chapter's reply as it streams, also where no section starts from it (context
-        # "outline", or no writer): its titles are committed as they come, and the reply is stopped once the list is
-        # complete instead of read to its end (Expansion.watch).
+        # "outline", or no writer): there only to stop it once its list is complete (Expansion.watch).
         got, started = await self.planner.node(
-            cpath, NodeKind.CHAPTER, chapter, s.sections, False, stream or (_no_child if s.pipeline else None),
+            cpath, NodeKind.CHAPTER, chapter, s.sections, False, stream, watch_only=s.pipeline and stream is None,
             request=self.planner.prompt, book=book, part=part, chapter=chapter, index=ci + 1, count=s.chapters,
             siblings=before,
         )

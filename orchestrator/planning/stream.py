@@ -258,8 +258,13 @@ class Expansion:
         on_commit: Callable[[str | None, list[str]], None] | None = None,
         taken: set[str] | None = None,
         spares: bool = False,
+        watch_only: bool = False,
     ):
         self.n = n
+        # Follow each reply only to stop it once its list is complete (see watch), starting no child: its titles hold
+        # for the attempt alone (no journal, no "keep these" in a re-ask, not taken for the book until the node's
+        # list is accepted), as where the reply is read whole; a re-ask starts afresh.
+        self.watch_only = watch_only and start_child is None
         self.on_commit = on_commit  # (book title, committed titles) -> None: journals them before the child starts
         self.avoid = avoid  # normalised ancestor titles: a child repeating one is not started (see parse_titles)
         # Titles used anywhere in the outline so far (shared by every node of a planner whose profile wants a
@@ -285,12 +290,16 @@ class Expansion:
         self.pool: list[str] = []  # every title its replies offered, for the last attempt (see parse_titles)
         self.pool_title: str | None = None
 
-    def new_attempt(self) -> None:
-        self.attempts += 1
+    def new_attempt(self, attempt: int | None = None) -> None:
+        """A new attempt's stream (``attempt``: the Dispatcher's number for it; a body built again within one
+        attempt, as after a server refused one of its fields, is the same attempt)."""
+        self.attempts = self.attempts + 1 if attempt is None else attempt
         self.stream = TitleStream()
         self.matched = 0  # titles of this attempt's stream looked at
         self.placed = 0  # of them, the ones that hold a place in the node's list (committed or repeating one)
-        self.following = self.start_child is not None and len(self.committed) < self.n
+        if self.watch_only:
+            self.committed, self.norms, self.title = [], set(), None
+        self.following = (self.start_child is not None or self.watch_only) and len(self.committed) < self.n
 
     def on_delta(self, text: str) -> None:
         if not self.following:
@@ -332,8 +341,10 @@ class Expansion:
                 return
             self.committed.append(t)
             self.norms.add(k)
-            self.taken.add(k)
             self.placed += 1
+            if self.watch_only:
+                continue
+            self.taken.add(k)
             if self.on_commit is not None:
                 self.on_commit(self.title, self.committed)
             assert self.start_child is not None
@@ -343,7 +354,7 @@ class Expansion:
 
     def watch(self) -> Callable[[str], str | None] | None:
         """The ``stop_when`` of this node's next attempt (``Dispatcher.run``'s ``watch``), for a followed reply."""
-        return self._list_complete if self.start_child is not None else None
+        return self._list_complete if self.start_child is not None or self.watch_only else None
 
     def _list_complete(self, _delta: str) -> str | None:
         """Stop reading a text reply once all ``n`` titles are committed: they are the node's list whatever the reply
@@ -363,13 +374,14 @@ class Expansion:
 
     def restore(self, title: str | None, items: tuple[str, ...]) -> None:
         """Take the titles an earlier run committed for this node: they are final (their children exist)."""
+        self.watch_only = False  # final: no attempt may start afresh without them
         self.title = title
         self.committed = list(items[: self.n])
         self.norms = {norm(t) for t in self.committed}
         self.taken.update(self.norms)  # the book's from now: another node re-asked on this rerun may not take them
 
     def retry_note(self) -> str:
-        if not self.committed:
+        if not self.committed or self.watch_only:
             return ""
         keep = "; ".join(f"{i}. {t}" for i, t in enumerate(self.committed, 1))
         book = f' Keep the book title "{self.title}".' if self.title else ""

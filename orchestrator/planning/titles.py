@@ -184,8 +184,6 @@ def extract_titles(text: str) -> tuple[str | None, list[str]]:
 
 _WORDLIKE = re.compile(r"[^\W\d_]")  # at least one letter
 _DEBRIS = re.compile(r'[{}\[\]"]|\d+(?:\.\d+){3,}')  # JSON fragments, "1.1.1.1" chains
-# five words or more ending in a lower-case word and a full stop: a sentence (an abbreviation such as "etc." is not)
-_SENTENCE_END = re.compile(r"(?:\S+\s+){4,}(?!etc\.$)[a-z]{2,}\.$")
 
 
 def weak_title(title: str, avoid: frozenset[str], taken: frozenset[str] | set[str] = frozenset()) -> str | None:
@@ -324,10 +322,11 @@ def _salvage(
     out = list(fixed)
     seen = {norm(x) for x in out}
     candidates = [_shorten(x) for x in [*items[len(fixed):], *pool]]
-    # A line the model wrote as a sentence and the gate cut to a title's length reads as one cut off ("Design
-    # Patterns: I have designed 50 different design pattern varieties using Javadoc", "Regression (X-Y): This link
-    # provides more detail on the concept but should"): it comes after the fillers, which read as headings.
-    whole = [x for x, line in zip(candidates, [*items[len(fixed):], *pool], strict=True) if not _sentence(x, line)]
+    # A line over the title length is a sentence, and cut to the length it reads as one cut off ("Design Patterns: I
+    # have designed 50 different design pattern varieties using Javadoc", "Regression (X-Y): This link provides more
+    # detail on the concept but should"): it comes after the fillers, which read as headings.
+    lines = [*items[len(fixed):], *pool]
+    whole = [x for x, line in zip(candidates, lines, strict=True) if x == " ".join(line.split())]
     cut = [x for x in candidates if x not in whole]
     _fill(out, seen, whole, avoid, n, taken)
     if qualify and len(out) < n:
@@ -345,7 +344,10 @@ def _salvage(
         _fill(out, seen, [x for x in made if not weak_title(_shorten(x), avoid, taken)], avoid, n, taken,
               allow_weak=True)
         filled = len(out) - before
-        _fill(out, seen, cut, avoid, n, taken)
+        if len(out) < n:  # fillers ran out (the book holds them): cut lines, before the fillers (made ones come last)
+            extra: list[str] = []
+            _fill(extra, seen, cut, avoid, n - len(out), taken)
+            out[before:before] = extra
     if no_strong and len(out) < n:  # no strong title at all: weak ones rather than lose the node's part of the book
         if qualify:
             # the book's titles must be distinct: weak ones (a near copy, debris) that repeat no title of the book
@@ -354,13 +356,6 @@ def _salvage(
             _fill(out, seen, fresh, avoid, n, taken, allow_weak=True)
         _fill(out, seen, candidates, avoid, n, taken, allow_weak=True)
     return out, filled
-
-
-def _sentence(title: str, line: str) -> bool:
-    """Was ``line`` (a title as the reply wrote it; ``title`` as the gate shortened it) a sentence rather than a
-    title: cut to the title length, or ending as a sentence ends ("Climate change impacts on traditional
-    livelihoods, human rights, and food security.")?"""
-    return title != " ".join(line.split()) or _SENTENCE_END.search(title) is not None
 
 
 def _fill(out: list[str], seen: set[str], candidates: list[str], avoid: frozenset[str], n: int,

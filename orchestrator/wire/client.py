@@ -204,7 +204,9 @@ class BackendClient:
         refused = not reply.ok and reply.status == 400 and rejects_structured_output(reply.error)
         if refused and self.json_schema_ok is not True:
             self.json_schema_ok = False
-            return [reply, await self.chat(make_body(), attempt=attempt, on_delta=on_delta, stop_when=stop_when)]
+            # through send(): the text request may still ask for continuous usage stats (a watched stream), which
+            # this server may refuse in turn
+            return [reply, *await self.send(make_body, attempt=attempt, on_delta=on_delta, stop_when=stop_when)]
         if reply.ok and is_json(reply.text):
             # Only a reply that really is JSON proves the server honours the schema (some accept the field and
             # ignore it).

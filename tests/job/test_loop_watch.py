@@ -14,6 +14,7 @@ from cli_run import handbook
 from fake_openai import FakeServer
 
 from orchestrator.book.checks import LoopWatch, loop_reason
+from orchestrator.core.prompts import list_schema
 from orchestrator.core.reply import STOPPED, Reply
 from orchestrator.job.section_check import SectionCheck
 
@@ -175,6 +176,29 @@ def test_a_server_that_refuses_continuous_usage_is_asked_again_without_it(status
     assert len(later) == 1 and later[0].finish_reason == STOPPED
     plain = [b for b in srv.bodies if b["stream_options"] == {"include_usage": True}]
     assert len(plain) == 6 + 1 and len(srv.bodies) == len(asked) + len(plain)
+
+
+def test_a_server_that_refuses_both_structured_output_and_continuous_usage_gets_a_plain_request():
+    """A watched planning request carries response_format and asks for continuous usage stats: a server that refuses
+    the one and then the other is asked a third time with neither, and answers (review of 35e7d07: the text request
+    after the structured refusal went out without the continuous-usage fallback, and its 400 failed the book node)."""
+    import anyio
+
+    from orchestrator import Backend
+    from orchestrator.wire.client import BackendClient
+
+    async def main(url: str) -> list[Reply]:
+        async with BackendClient(Backend(url), "fake-model") as client:
+            def body() -> dict:
+                return client.body([{"role": "user", "content": "List 2 titles"}], max_tokens=64, temperature=0.0,
+                                   schema=list_schema(2, False))
+            return await client.send(body, stop_when=lambda _d: None)
+
+    with FakeServer("ok", strict_stream_options=400, refuse_schema=True) as srv:
+        replies = anyio.run(main, srv.url)
+    assert [r.status for r in replies[:-1]] == [400, 400] and replies[-1].ok
+    assert "response_format" in srv.bodies[0] and srv.bodies[1]["stream_options"].get("continuous_usage_stats")
+    assert "response_format" not in srv.bodies[2] and srv.bodies[2]["stream_options"] == {"include_usage": True}
 
 
 def test_a_400_about_something_else_keeps_continuous_usage():

@@ -145,6 +145,33 @@ def test_a_text_list_is_stopped_once_all_its_titles_are_committed_and_a_json_one
     assert Expansion(3, False, None).watch() is None  # strict mode follows no stream, so stops none
 
 
+def test_a_watch_only_reply_is_stopped_when_complete_but_binds_nothing_beyond_its_attempt():
+    # review of 35e7d07: a chapter followed only to stop it (--context outline) had its titles committed, so a re-ask
+    # after an unusable first reply kept that reply's first titles and mixed two lists
+    taken: set[str] = set()
+    exp = Expansion(4, False, None, taken=taken, watch_only=True)
+    stop = exp.watch()
+    assert stop is not None
+    exp.new_attempt(1)
+    exp.new_attempt(1)  # the same attempt's body built again (a server refused a field): still attempt 1
+    assert exp.attempts == 1
+    first = "1. Intro to Rivers\n2. River Basins\n3. River Basins\n4. Floods\n"
+    exp.on_delta(first)
+    assert stop(first) is None and exp.committed == ["Intro to Rivers", "River Basins"]
+    assert not taken and exp.retry_note() == ""  # nothing taken for the book, nothing to keep
+    exp.new_attempt(2)
+    again = "1. How Rivers Begin\n2. Drainage Basins\n3. Flooding\n4. Deltas\n5. Deltas\n"
+    exp.on_delta(again)
+    assert stop(again) == "the list is complete" and not taken
+    got = parse_titles(again, 4, False, tuple(exp.committed))
+    assert got.items == ("How Rivers Begin", "Drainage Basins", "Flooding", "Deltas")
+    # titles an earlier run committed (its sections exist) are final: no attempt starts afresh without them
+    exp = Expansion(4, False, None, watch_only=True)
+    exp.restore(None, ("A", "B"))
+    exp.new_attempt(1)
+    assert exp.committed == ["A", "B"] and exp.watch() is None
+
+
 def test_strict_expansion_starts_nothing():
     exp = Expansion(3, False, None)
     exp.new_attempt()
