@@ -60,6 +60,8 @@ class Answer:
     usage: bool = True
     done: bool = True  # send "data: [DONE]"
     chunk: int = 8
+    pause_at: int | None = None  # after this many characters, wait ``pause_s`` before the rest
+    pause_s: float = 0.0
 
 
 class ScriptedServer(LocalHTTPServer):
@@ -118,6 +120,8 @@ class ScriptedServer(LocalHTTPServer):
         text = a.text if a.hang_after is None else a.text[: a.hang_after]
         try:
             for i in range(0, len(text), a.chunk):
+                if a.pause_at is not None and i <= a.pause_at < i + a.chunk:
+                    self._stopping.wait(a.pause_s)
                 self._event(h, {"choices": [{"index": 0, "delta": {"content": text[i:i + a.chunk]},
                                              "finish_reason": None}]})
             if a.hang_after is not None:

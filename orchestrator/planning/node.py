@@ -10,7 +10,7 @@ from ..book.checks import norm_title as norm
 from ..core.config import Settings
 from ..core.profiles import Profile
 from ..core.prompts import book_phrase, few_shot_messages, list_schema, render
-from ..core.reply import Reply
+from ..core.reply import STOPPED, Reply
 from ..core.states import NodeKind
 from ..dispatch.journal import StoredNode
 from ..wire.client import BackendClient
@@ -108,17 +108,25 @@ class NodeRequest:
         strict = exp.attempts < self.planner.settings.attempts and (
             p.plan_reasks is None or exp.unusable < p.plan_reasks
         ) and self.crowded < TAKEN_REASKS
-        offered_title, offered = extract_titles(reply.text)
-        taken = frozenset(exp.taken - exp.norms)
+        text, fixed, own_norms = reply.text, tuple(exp.committed), exp.norms
+        if exp.watch_only:
+            # The attempt's titles bind nothing (no child started from them): the reply is judged as if read whole,
+            # against the book's titles as they are now (another node may have taken one since it streamed past);
+            # a reply stopped once complete, by its complete lines (its last may be cut).
+            fixed, own_norms = (), set()
+            if reply.finish_reason == STOPPED:
+                text = text[: text.rfind("\n") + 1]
+        offered_title, offered = extract_titles(text)
+        taken = frozenset(exp.taken - own_norms)
         own = self.values.get(self.name) if self.name != NodeKind.BOOK else None  # the part's or chapter's title
         try:
             got = parse_titles(
-                reply.text, self.n, self.want_title, tuple(exp.committed), exp.title, exp.avoid, strict=strict,
+                text, self.n, self.want_title, fixed, exp.title, exp.avoid, strict=strict,
                 taken=taken, pool=tuple(exp.pool), pool_title=exp.pool_title,
                 qualify=own if self.spare else None, own=own,
             )
         except ValueError:
-            if self.spare and taken and self._enough_but_taken(reply.text):
+            if self.spare and taken and self._enough_but_taken(text):
                 self.crowded += 1
             exp.unusable += 1
             exp.pool.extend(offered)
@@ -137,7 +145,8 @@ class NodeRequest:
         """Would the reply have been usable if no other node had taken any of its titles?"""
         exp = self.exp
         try:
-            parse_titles(text, self.n, self.want_title, tuple(exp.committed), exp.title, exp.avoid)
+            parse_titles(text, self.n, self.want_title, () if exp.watch_only else tuple(exp.committed), exp.title,
+                         exp.avoid)
         except ValueError:
             return False
         return True

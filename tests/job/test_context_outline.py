@@ -181,3 +181,25 @@ def test_a_chapter_list_that_runs_on_is_stopped_once_its_titles_are_in(tmp_path,
     (row,) = journal_rows(out, "SELECT finish_reason, text FROM nodes WHERE kind = 'chapter' AND title = 'Practice'")
     # the text read: the list and what came in the same chunk (8 characters), no more
     assert row[0] == "stopped" and row[1].startswith(listed.rstrip()) and len(row[1]) <= len(listed) + 8, row
+
+
+def test_a_title_another_chapter_took_while_this_ones_list_streamed_is_not_kept(tmp_path):
+    # review of 2310bcd: a chapter followed only to stop it (context outline) streamed "Shared Topic" before the
+    # other chapter, which offered it too, was accepted with it; the stopped list kept it, and the book had it twice
+    def answer(req: Request) -> Answer:
+        if req.kind == "chapter":
+            text = "1. Shared Topic\n" + "".join(f"{i}. {req.title} {i}\n" for i in range(2, 8))
+            if req.title == "Basics":  # accepted first, about 1 s in
+                return Answer(text, delay_s=1.0)
+            return Answer(text, pause_at=len("1. Shared Topic\n") + 1, pause_s=3.0)  # waits after its first title
+        return book_answer(req)
+
+    out = tmp_path / "o"
+    with ScriptedServer(answer) as srv:
+        run = _run(job_cmd("A test book", [], out, *SHAPE), srv)
+        assert run.returncode == 0, run.stderr
+    outline = json.loads((out / "outline.json").read_text())
+    sections = [t for p in outline["parts"] for c in p["chapters"] for t in c["sections"]]
+    assert len(sections) == 8 and sections.count("Shared Topic") == 1, sections
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["failed_sections"] == 0 and stats["planning_stopped"] >= 1
