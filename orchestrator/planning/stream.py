@@ -315,6 +315,7 @@ class Expansion:
         if self.want_title and self.title is None and s.title is None:
             return  # children need the book title first
         items = s.items
+        self._drop_taken()
         while self.matched < len(items):
             t = items[self.matched]
             self.matched += 1
@@ -363,9 +364,23 @@ class Expansion:
         9 nodes of a book, 15 to 31 s under load, while a chapter that shows its sections their siblings waits for
         the list. A JSON reply ends with its list (a schema bounds it): it is left to end by itself, whole."""
         s = self.stream
+        self._drop_taken()
         if len(self.committed) >= self.n and s is not None and s.mode == "text":
             return "the list is complete"
         return None
+
+    def _drop_taken(self) -> None:
+        """Watch-only: a title this attempt streamed that another node has taken since (its list was accepted while
+        this one streamed) holds no place: the list is not complete without it, and a spare further down the reply
+        takes its place, as where the reply is read whole (else the stopped reply is one title short: a re-ask)."""
+        if not self.watch_only or not any(norm(t) in self.taken for t in self.committed):
+            return
+        for t in self.committed:
+            if norm(t) in self.taken:
+                self.collide(t)
+        self.committed = [t for t in self.committed if norm(t) not in self.taken]
+        self.norms = {norm(t) for t in self.committed}
+        self.placed = len(self.committed)
 
     def collide(self, title: str) -> None:
         """Note a title this node offered that another node of the book had taken (for the re-ask's note)."""

@@ -172,6 +172,27 @@ def test_a_watch_only_reply_is_stopped_when_complete_but_binds_nothing_beyond_it
     assert exp.committed == ["A", "B"] and exp.watch() is None
 
 
+def test_a_watch_only_title_taken_elsewhere_while_streaming_gives_its_place_to_a_spare():
+    # review of 8aae3c3: another chapter was accepted with "Shared Topic" after this reply streamed it; counted among
+    # this reply's four, it stopped the stream before the spare, and the stopped reply was one title short (a re-ask)
+    taken: set[str] = set()
+    exp = Expansion(4, False, None, taken=taken, spares=True, watch_only=True)
+    stop = exp.watch()
+    assert stop is not None
+    exp.new_attempt(1)
+    head = "1. Shared Topic\n2. Sources\n"
+    exp.on_delta(head)
+    assert exp.committed == ["Shared Topic", "Sources"] and not taken
+    taken.add("shared topic")  # another node's list accepted with it
+    rest = "3. Mouths\n4. Deltas\n"
+    exp.on_delta(rest)
+    assert stop(rest) is None and exp.committed == ["Sources", "Mouths", "Deltas"]
+    assert exp.collided == ["Shared Topic"]
+    exp.on_delta("5. Floods\n")
+    assert stop("5. Floods\n") == "the list is complete"
+    assert exp.committed == ["Sources", "Mouths", "Deltas", "Floods"] and taken == {"shared topic"}
+
+
 def test_strict_expansion_starts_nothing():
     exp = Expansion(3, False, None)
     exp.new_attempt()
