@@ -292,13 +292,17 @@ DEBRIS = [  # (title, why it is debris)
     ("Use color effectively (https://www.codyandbrian.com/data-visualization)", "a web address"),
     ("See www.example.org for Charts", "a web address"),
     ("A title that goes on and on for far more words than any heading in a book ever should", "over 12 words"),
+    # SmolLM2-135M's lists (stop 42): a line that stops on a dash, a word caught in a loop
+    ("What is it (and other) -", "a fragment"), ("Error Handling (", "a fragment"), ("Testing &", "a fragment"),
+    ("The Nile: Its Sacred Sacred Sacred Mosi_Mine", "a word three times"),
 ]
 
 TITLES = ["Version Control", "Branching Strategies", "Unit Testing with pytest", "CI/CD Pipelines", "Big-O Notation",
           "HTTP/2 and gRPC", "The 12-Factor App", "Python 3.12 Features", "10 Habits of Effective Reviewers",
           "Configuring pyproject.toml", "Node.js Event Loops", "C# for Java Developers", "Parsing JSON Safely",
           ".NET Dependency Injection", "Understanding __init__ and __new__", "Request -> Response Flow", "Markdown",
-          "HTTP Caching with ETags", "The World Wide Web"]
+          "HTTP Caching with ETags", "The World Wide Web", "Pros & Cons of Microservices", "Tora! Tora! Tora!",
+          "Go Go Gadgets", "Input/Output in C", "Test - Driven Design", "C++", "Headings (H1 to H6)"]
 
 
 @pytest.mark.parametrize(("title", "why"), DEBRIS)
