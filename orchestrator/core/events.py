@@ -59,7 +59,8 @@ class NodeFinished:
 
 @dataclass(frozen=True)
 class NodeFailed:
-    """An attempt failed. ``final`` is True when no attempt is left: the node is lost for this run."""
+    """An attempt failed. ``final`` is True when no attempt is left: the node is lost for this run. ``unusable``: the
+    backend answered, and a check of ours refused the answer (``Reply.unusable``): no failure of the backend's."""
 
     path: str
     kind: NodeKind
@@ -69,6 +70,7 @@ class NodeFailed:
     error: str
     final: bool
     t: float
+    unusable: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ class Reply:
 
     ``error`` is None for a usable answer. ``retryable`` says whether another attempt may succeed;
     ``retry_after`` carries a server's Retry-After in seconds; ``health`` is True when the failure says something
-    about the backend itself (connection refused, timeout, 5xx, cut stream) rather than about this request.
+    about the backend itself (connection refused, timeout, 5xx, cut stream) rather than about this request;
+    ``unusable`` when it was an answer that a check of ours refused.
     """
 
     text: str
@@ -30,6 +31,10 @@ class Reply:
     health: bool = False
     attempt: int = 1
     streamed: bool = True  # False: read as one response, whose t_first is its end (no first token to see)
+    # An answer a check of ours refused (the Dispatcher's validate: a planning list it could not use, a section caught
+    # in a loop): the server did its part, so it is no failure of the server's (stats.json unusable_replies; the
+    # progress view's and per_backend's errors leave it out), though it is not ok and is asked again like one.
+    unusable: bool = False
 
     @property
     def ok(self) -> bool:

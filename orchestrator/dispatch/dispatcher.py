@@ -221,12 +221,12 @@ class Dispatcher:
             try:
                 value = node.validate(reply)
             except ValueError as e:
-                reply = replace(reply, error=f"unusable reply: {e}", retryable=True)
+                reply = replace(reply, error=f"unusable reply: {e}", retryable=True, unusable=True)
         self.replies.append((node.label, reply))
         if not reply.ok:
             final = not reply.retryable or n >= self.attempts
             self.emit(NodeFailed(node.path, node.kind, node.title, reply.backend, n, reply.error or "?", final,
-                                 time.monotonic()))
+                                 time.monotonic(), unusable=reply.unusable))
         return reply, value
 
 

@@ -33,8 +33,8 @@ BOOK_INDEX = "book.json"  # books/<id>/book.json
 # no request, counts what it holds, not what its last run asked for)
 BOOK_COUNTS = ("sections", "section_tokens", "words", "failed_sections", "empty_sections", "truncated_sections")
 # this run's requests, summed over the books it wrote
-RUN_COUNTS = ("tokens_written", "requests", "planning_requests", "request_errors", "resumed_sections",
-              "stopped_answers", "planning_stopped")
+RUN_COUNTS = ("tokens_written", "requests", "planning_requests", "request_errors", "unusable_replies",
+              "resumed_sections", "stopped_answers", "planning_stopped")
 PAIRS_LISTED = 200  # pairs named in defects.json (the count is of all of them)
 
 

@@ -104,6 +104,9 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "reask_requests": len(reask_replies),
         "reask_tokens": sum(r.completion_tokens for r in reask_replies),
         "request_errors": sum(1 for _, r in rec.replies if not r.ok),
+        # of them, answers a check of ours refused (Reply.unusable: a planning list it could not use, a section caught
+        # in a loop), each asked again: the backend did its part (per_backend's errors leave them out)
+        "unusable_replies": sum(1 for _, r in rec.replies if r.unusable),
         # answers stopped as they streamed (a section caught in a repetition loop, asked again at once): in requests and
         # request_errors; their tokens, in tokens_written, are the usage of the last chunk read (a watched stream asks
         # for continuous usage stats), else one a content delta read (BackendClient._stopped)
@@ -142,7 +145,8 @@ def _per_backend(rec: JobRecord, section_replies: list[Reply]) -> list[dict[str,
             "url": url,
             "sections": sum(1 for r in section_replies if r.backend == url and r.ok),
             "tokens": sum(r.completion_tokens for r in mine),
-            "errors": sum(1 for r in mine if not r.ok),
+            "errors": sum(1 for r in mine if not r.ok and not r.unusable),
+            "unusable": sum(1 for r in mine if r.unusable),
         }
         if f is not None:
             entry.update(max_in_flight=f.max_in_flight, cap=f.cap, left_rotation=f.left_rotation,

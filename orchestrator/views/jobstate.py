@@ -76,7 +76,8 @@ class JobState:
         self.tokens_asked = 0  # of tokens_written, those this run's requests wrote (what its forecast counts)
         self.active: dict[str, str] = {}  # node path -> backend of its attempt in flight
         self.inflight: dict[str, int] = {}  # backend -> attempts in flight
-        self.errors: dict[str, int] = {}  # backend -> failed attempts
+        self.errors: dict[str, int] = {}  # backend -> failed attempts (the backend's: not unusable answers)
+        self.unusable = 0  # answers a check of ours refused (NodeFailed.unusable), asked again: no backend's error
         self.health: dict[str, tuple[bool, str]] = {}
         self.first_sample: tuple[float, float] | None = None  # (t, tokens) of the first counted sample
         self.last_sample: tuple[float, float] | None = None
@@ -171,7 +172,10 @@ class JobState:
 
     def _node_failed(self, e: NodeFailed) -> None:
         self._end_attempt(e.path)
-        self.errors[e.backend] = self.errors.get(e.backend, 0) + 1
+        if e.unusable:  # the backend answered; a check of ours refused the answer: asked again, no server's error
+            self.unusable += 1
+        else:
+            self.errors[e.backend] = self.errors.get(e.backend, 0) + 1
         self._know(e.backend)
         if not e.final:
             self.retries += 1
@@ -353,6 +357,7 @@ class JobState:
             "sections_failed": len(self.sections_failed),
             "failed": len(self.nodes_failed),
             "retries": self.retries,
+            "unusable": self.unusable,
             "tokens_written": self.tokens_written,
             "server_tokens": self.server_tokens,
             "rate": self.rate,

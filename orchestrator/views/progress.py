@@ -215,7 +215,7 @@ class TerminalProgress:
                 for u in s.backends
             )
             parts.append(f"in flight {sum(s.inflight.values())}" + (f" [{flights}]" if flights else ""))
-            parts.append(f"retries {s.retries}")
+            parts.append(f"retries {s.retries}" + (f" ({s.unusable} unusable answers)" if s.unusable else ""))
             parts.append(f"failed {len(s.nodes_failed)}")
             eta = s.eta()
             if eta is not None:
@@ -317,6 +317,8 @@ def _rate_text(s: JobState) -> Text:
 
 def _trouble_text(s: JobState) -> Text:
     trouble = Text(f"{s.retries:,} retries · ")
+    if s.unusable:  # answers a check of ours refused (a planning list, a section in a loop): no backend's error
+        trouble.append(f"{s.unusable:,} unusable answers · ", style="dim")
     trouble.append(f"{len(s.nodes_failed):,} failed", style="red" if s.nodes_failed else "")
     if s.last_failure:
         trouble.append(f"  last: {s.last_failure}", style="dim red")

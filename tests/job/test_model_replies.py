@@ -72,6 +72,11 @@ def test_partial_and_heading_only_replies_are_retried_never_journaled(tmp_path):
     assert_each_section_under_its_own_heading((out / "book.md").read_text(), 8)
     stats = json.loads((out / "stats.json").read_text())
     assert stats["request_errors"] == 3 and stats["failed_sections"] == 0 and stats["empty_sections"] == 0
+    # the heading-only answer was the server's answer, refused by our check: not the server's error; the aborted and
+    # the filtered ones were the server's
+    assert stats["unusable_replies"] == 1
+    (backend,) = stats["per_backend"]
+    assert backend["errors"] == 2 and backend["unusable"] == 1
 
 
 # -- replies real models give -----------------------------------------------------------------------------------

@@ -37,3 +37,16 @@ def test_a_brief_that_failed_is_no_failed_node_and_leaves_the_book_node_alone():
         s.update(e)
     assert not s.nodes_failed and "" in s.active  # the book node is still being planned
     assert s.plan_done == 0
+
+
+def test_an_answer_our_check_refused_is_no_error_of_the_backends():
+    # the backend answered; the planner could not use the list (or a section looped): asked again, counted apart
+    s = JobState()
+    for e in (NodeStarted("1", "part", "P", A, 1, 1.0),
+              NodeFailed("1", "part", "P", A, 1, "unusable reply: 2 of 3 titles", False, 2.0, unusable=True),
+              NodeStarted("1", "part", "P", A, 2, 2.5),
+              NodeFailed("1", "part", "P", A, 2, "HTTP 500", False, 3.0)):
+        s.update(e)
+    assert s.errors == {A: 1} and s.unusable == 1 and s.retries == 2
+    snap = s.snapshot()
+    assert snap["unusable"] == 1 and snap["retries"] == 2
