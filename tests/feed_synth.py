@@ -80,6 +80,7 @@ async def synthetic_job(
     hostile_path: str | None = "1.1.2",
     retry_path: str | None = "1.2.1",
     fail_path: str | None = None,
+    unusable_path: str | None = None,
     seed: int = 7,
     between: Callable[[], Any] | None = None,
     forecast_s: float | None = None,
@@ -94,8 +95,8 @@ async def synthetic_job(
     emit(JobStarted("Write me a complete software engineering handbook", tuple(backends), settings, t0))
     if forecast_s is not None:
         emit(synthetic_forecast(forecast_s, parts * chapters * sections, words, backends))
-    stats: dict[str, Any] = {"requests": 0, "request_errors": 0, "tokens_written": 0}
-    per_backend = {b: {"url": b, "sections": 0, "tokens": 0, "errors": 0} for b in backends}
+    stats: dict[str, Any] = {"requests": 0, "request_errors": 0, "unusable_replies": 0, "tokens_written": 0}
+    per_backend = {b: {"url": b, "sections": 0, "tokens": 0, "errors": 0, "unusable": 0} for b in backends}
     history: list[tuple[float, int]] = []
     best = 0.0
 
@@ -117,7 +118,7 @@ async def synthetic_job(
     turn = {"i": 0}
 
     async def request(path: str, kind: str, title: str, text: str, fail_first: bool = False,
-                      fail_always: bool = False) -> bool:
+                      fail_always: bool = False, unusable_first: bool = False) -> bool:
         attempt = 0
         while True:
             attempt += 1
@@ -140,6 +141,13 @@ async def synthetic_job(
                     emit(Delta(path, piece, time.monotonic()))
                     await anyio.sleep(chunk_delay)
                 running[b] -= 1
+                if unusable_first and attempt == 1:  # answered whole; a check of ours refused it
+                    stats["request_errors"] += 1
+                    stats["unusable_replies"] += 1
+                    per_backend[b]["unusable"] += 1
+                    emit(NodeFailed(path, kind, title, b, attempt, "unusable reply: repetition loop", False,
+                                    time.monotonic(), unusable=True))
+                    continue
                 if failing:
                     stats["request_errors"] += 1
                     per_backend[b]["errors"] += 1
@@ -211,7 +219,7 @@ async def synthetic_job(
             nonlocal failed
             text = HOSTILE if ref.path == hostile_path else _prose(rng, rng.randint(words // 2, words * 3 // 2))
             ok = await request(ref.path, "section", ref.title, text, fail_first=ref.path == retry_path,
-                               fail_always=ref.path == fail_path)
+                               fail_always=ref.path == fail_path, unusable_first=ref.path == unusable_path)
             if not ok:
                 failed += 1
 
@@ -240,6 +248,7 @@ async def synthetic_job(
         "requests": stats["requests"],
         "planning_requests": 1 + parts + parts * chapters,
         "request_errors": stats["request_errors"],
+        "unusable_replies": stats["unusable_replies"],
         "failed_sections": failed,
         "empty_sections": 0,
         "truncated_sections": 0,

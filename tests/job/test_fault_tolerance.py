@@ -124,13 +124,15 @@ def test_fault_suite(tmp_path):
     # are exact on the two live cards (polled after the job). A card out of rotation is probed with a small
     # completion, which the faults hit too: stats.json counts those apart (probe_completions), so the bounds are
     #   answered + failed attempts  <=  requests the card saw  <=  answered + failed attempts + probes
+    # (failed attempts: the card's errors and the answers a check of ours refused, which per_backend counts apart)
     # (no attempt went uncounted, no request went unaccounted: no hidden retry), and the answers are at most the
     # requests the card served without a fault.
     for i in (0, 1):
         s, n = per_card[i], answered.get(urls[i], 0)
         cut = sum(s["faults"][k] for k in FAULTS)  # every fault kind leaves a request without a usable answer
         assert n <= s["requests"] - cut, (i, n, s)
-        assert n + pb[i]["errors"] <= s["requests"] <= n + pb[i]["errors"] + pb[i]["probe_completions"], (i, n, pb[i], s)
+        failed = pb[i]["errors"] + pb[i]["unusable"]
+        assert n + failed <= s["requests"] <= n + failed + pb[i]["probe_completions"], (i, n, pb[i], s)
     # Where each section was written, and when (the journal's wall clock): the dead card wrote sections before
     # it went down and none after; the job went on after that, on the other two. How many sections each card
     # wrote depends on timing and is not asserted.

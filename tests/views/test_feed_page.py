@@ -53,7 +53,7 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
             tg.start_soon(watch_mid_run)
             stats = await synthetic_job(
                 with_pdf(feed), parts=2, chapters=2, sections=4, cap=3, words=160, chunk_delay=0.03,
-                hostile_path="1.1.2", retry_path="2.1.1", forecast_s=60.0, pdf_pages=9,
+                hostile_path="1.1.2", retry_path="2.1.1", forecast_s=60.0, pdf_pages=9, unusable_path="1.2.3",
             )
             job_done.set()
 
@@ -87,6 +87,12 @@ async def test_feed_in_chromium_during_and_after_a_synthetic_job():
         assert await page.text_content("#pdf-ready") == (
             "PDF ready 12.3 s after start, 0.4 s after the last section (9 A5 pages)")
         assert await page.locator('#stats tr[data-key="typeset_after_write_s"]').count() == 1
+        # An answer our check refused (1.2.3's first) is counted apart from the backends' errors (the cut 2.1.1).
+        assert "1 unusable answers" in await page.text_content("#inflight-total")
+        unusable = page.locator('#stats tr[data-key="unusable_replies"] td').nth(1)
+        assert await unusable.text_content() == "1"
+        rows = " ".join(await page.locator("#stats td").all_text_contents())
+        assert re.search(r"\d+ sections · [\d,]+ tok · \d+ err · 1 unusable", rows), rows
 
         # The hostile section is shown as text; nothing in it ran.
         hostile = page.locator("#feed .entry").filter(has=page.locator(".path", has_text=re.compile(r"^1\.1\.2$")))
