@@ -284,12 +284,14 @@ _LETTER = re.compile(r"[^\W\d_]")
 # the simulator's word banks 20 ("Internationalization"). An identifier in camel case is words
 # ("ConcurrentModificationException"), and a script written without spaces is not Latin.
 _RUN_ON = re.compile(r"[A-Za-z][a-z]{24,}|[A-Z]{25,}")
-# One word three times in a row ("The Nile: Its Sacred Sacred Sacred Mosi_Mine", SmolLM2-135M's chapter list): a
-# model caught in a loop, no title.
-_STUTTER = re.compile(r"\b([^\W\d_]{2,})(?:\s+\1\b){2}", re.IGNORECASE)
-# A title that stops on a dash, an opening bracket or a joining sign: the rest of the line is missing ("What is it
-# (and other) -", the same model's section list).
-_DANGLING = (" -", "–", "—", "(", "&", "/", "+ ")
+# One word three times in a row after another word ("The Nile: Its Sacred Sacred Sacred Mosi_Mine", SmolLM2-135M's
+# chapter list): a model caught in a loop. A title that opens with it says it on purpose ("Location Location
+# Location", "Ho Ho Ho: Holiday Cookies"), as one with punctuation between does ("Tora! Tora! Tora!").
+_STUTTER = re.compile(r"\w\W*\s+([^\W\d_]{2,})(?:\s+\1\b){2}", re.IGNORECASE)
+# A title that stops on a lone dash or joining sign, an opening bracket, or a dash right after a word: the rest of the
+# line is missing ("What is it (and other) -", the same model's section list). "Britain Since 1945–", "Inside /proc/"
+# and "C++" end as titles do.
+_DANGLING = re.compile(r"(?:\s[-–—&/+]|\(|[^\W\d_][–—])$")
 
 
 def norm_title(title: str) -> str:
@@ -324,7 +326,7 @@ def title_debris(title: str, ancestors: Iterable[str] = (), siblings: Iterable[s
         (bool(_PLACEHOLDER.match(t)), "a placeholder"),
         (len(t.split()) > MAX_TITLE_WORDS, f"over {MAX_TITLE_WORDS} words"),
         (bool(_RUN_ON.search(t)), "letters that make no word"),
-        (t.endswith((":", ",", ";", *_DANGLING)) or t.startswith((":", ",", ";")), "a fragment"),
+        (t.endswith((":", ",", ";")) or bool(_DANGLING.search(t)) or t.startswith((":", ",", ";")), "a fragment"),
         (bool(_STUTTER.search(t)), "a word three times over"),
         (n in {norm_title(a) for a in ancestors}, "a copy of a parent's or the book's title"),
         (n in {norm_title(s) for s in siblings}, "a repeat of an earlier title under the same parent"),

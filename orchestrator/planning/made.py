@@ -64,6 +64,7 @@ _SEPARATOR = re.compile(r"\s[-–—]\s|[:;,]\s|\s\(")
 # Words a title does not end on: where the word limit cut a sentence, these are left dangling ("... information on").
 _DANGLING = frozenset("a an the and or of for in on to with about by at from as into that which who when where how "
                       "is are was were be its their your our this these".split())
+_SIGNS = frozenset("& / + - – — (".split())  # a lone sign a cut may end on: the title gate refuses it (title_debris)
 MIN_CUT_WORDS = 3  # the words a cut at a separator keeps at least ("Chapter 3: ..." is no title of its own)
 
 
@@ -78,7 +79,7 @@ def shorten(title: str) -> str:
         head = " ".join(words[:MAX_TITLE_WORDS])
         cuts = [m.start() for m in _SEPARATOR.finditer(head) if len(head[: m.start()].split()) >= MIN_CUT_WORDS]
         kept = (head[: cuts[0]] if cuts else head).split()
-        while len(kept) > 1 and kept[-1].lower().strip(".,;:!?") in _DANGLING:
+        while len(kept) > 1 and (kept[-1].lower().strip(".,;:!?") in _DANGLING or kept[-1] in _SIGNS):
             kept.pop()
         kept[-1] = kept[-1].rstrip(",;:-–—") or kept[-1]
         words = kept

@@ -135,6 +135,10 @@ class NodeRequest:
                 if norm(t) in taken:
                     exp.collide(t)
             raise
+        if len(got.items) < self.n:  # the book node's last attempt: a smaller book rather than none (parse_titles)
+            log.warning("%s: its replies gave %d distinct usable title(s) of the %d asked; the book has %d",
+                        "the book node" if self.name == NodeKind.BOOK else f"{self.name} {own!r}", len(got.items),
+                        self.n, len(got.items))
         if got.filled:
             log.warning("%s %r: its replies gave %d usable title(s) of the %d it needs; the other %d are made from "
                         "its title: %s", self.name, own, len(got.items) - got.filled, self.n, got.filled,

@@ -94,7 +94,7 @@ def _find_json(text: str) -> Any:
                 break
             try:
                 data, _ = decoder.raw_decode(block, m.start())
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: a model's "[[[[..." past the parser's depth
                 continue
             if _list_of_titles(data) is not None:
                 return data

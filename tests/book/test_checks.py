@@ -294,6 +294,7 @@ DEBRIS = [  # (title, why it is debris)
     ("A title that goes on and on for far more words than any heading in a book ever should", "over 12 words"),
     # SmolLM2-135M's lists (stop 42): a line that stops on a dash, a word caught in a loop
     ("What is it (and other) -", "a fragment"), ("Error Handling (", "a fragment"), ("Testing &", "a fragment"),
+    ("Testing +", "a fragment"), ("Europe—", "a fragment"),
     ("The Nile: Its Sacred Sacred Sacred Mosi_Mine", "a word three times"),
 ]
 
@@ -302,7 +303,9 @@ TITLES = ["Version Control", "Branching Strategies", "Unit Testing with pytest",
           "Configuring pyproject.toml", "Node.js Event Loops", "C# for Java Developers", "Parsing JSON Safely",
           ".NET Dependency Injection", "Understanding __init__ and __new__", "Request -> Response Flow", "Markdown",
           "HTTP Caching with ETags", "The World Wide Web", "Pros & Cons of Microservices", "Tora! Tora! Tora!",
-          "Go Go Gadgets", "Input/Output in C", "Test - Driven Design", "C++", "Headings (H1 to H6)"]
+          "Go Go Gadgets", "Input/Output in C", "Test - Driven Design", "C++", "Headings (H1 to H6)",
+          "Location Location Location", "Ho Ho Ho: Holiday Cookies", "Britain Since 1945–", "Inside /proc/",
+          "Q&A", "TCP/IP", "R&D Budgets"]
 
 
 @pytest.mark.parametrize(("title", "why"), DEBRIS)

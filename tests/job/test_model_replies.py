@@ -121,6 +121,16 @@ def test_the_stream_never_commits_what_the_final_parse_rejects():
         assert ts.items == final[: len(ts.items)], text
 
 
+def test_brackets_nested_past_the_parsers_depth_are_an_unusable_reply_not_a_crash():
+    # review of ffb843b: a model in a loop writes "[[[[..." (a planning reply may run to 1,024 tokens); json's
+    # RecursionError is no ValueError, so it ended the job instead of asking again
+    from orchestrator.planning import parse_titles
+
+    with pytest.raises(ValueError, match="expected 3 titles"):
+        parse_titles("[" * 5000, 3, False)
+    assert parse_titles("[" * 5000 + "\n1. Alpha\n2. Beta\n3. Gamma", 3, False).items == ("Alpha", "Beta", "Gamma")
+
+
 def test_too_few_titles_is_asked_again_not_padded_with_prose():
     from orchestrator.planning import parse_titles
 

@@ -78,6 +78,25 @@ def test_the_book_node_keeps_a_short_list_rather_than_invent_parts():
     assert list(got.items) == ["Foundations", "Practice"] and got.filled == 0
 
 
+def test_a_book_smaller_than_asked_is_said(tmp_path, caplog):
+    # stop 42, context_quality.py: SmolLM2-135M's book node gave two parts of three on both attempts, and the book
+    # came out 2 x 3 x 4 with no word of it
+    def answer(req: Request) -> Answer:
+        if req.kind == "book":
+            return Answer(titles(["Foundations", "Practice"], "The Test Book"))
+        if req.kind in ("part", "chapter"):
+            return Answer(titles([f"{req.title} {w}" for w in ("Origins", "Methods")]))
+        return Answer(prose(req.title))
+
+    settings = Settings(parts=3, chapters=2, sections=2, words=40, max_tokens=80, formats=("md",), attempts=2,
+                        context="none")
+    with caplog.at_level(logging.WARNING, logger="handbook"), ScriptedServer(answer) as srv:
+        result = generate("A test book", [srv.url], settings, out=tmp_path / "o", on_event=lambda e: None)
+    assert result.complete and result.outline.shape == (2, 4, 8)
+    said = [r.getMessage() for r in caplog.records if "the book node" in r.getMessage()]
+    assert said == ["the book node: its replies gave 2 distinct usable title(s) of the 3 asked; the book has 2"]
+
+
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_a_chapter_answered_with_one_title_then_chatter_still_has_every_section(tmp_path, caplog, pipeline):
     parts, chapters = ["Foundations", "Practice"], {"Foundations": ["Basics", "Habits"],
@@ -160,6 +179,10 @@ def test_a_line_cut_to_a_titles_length_comes_after_the_fillers_and_letters_that_
     short = parse_titles(reply, 4, False, strict=False, own="Design Patterns", taken=taken)
     assert short.items[2].startswith("Design Patterns: I have designed") and short.filled == 1
     assert short.items[3] == filler_titles("Design Patterns")[0]
+    # a cut that ends on a lone sign loses it, as it loses a dangling "and" (the gate refuses a title ending on one)
+    cut = shorten("Input/Output Streams Buffers Readers Writers Encoders Decoders Sockets Pipes Files Links & More")
+    assert cut == "Input/Output Streams Buffers Readers Writers Encoders Decoders Sockets Pipes Files Links"
+    assert title_debris(cut) is None
     for junk in ("abcdmccgjhx8lqwz700eakriwfpliksbzdxcpfaaliyafognircprrrsnof",
                  "AbcdMCCGJHQRYZDRIDDULFFTNHRXUKZEYIFREBDEHEQLEMRED"):
         assert title_debris(junk) is not None
