@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.planning.stream import TitleStream
+from orchestrator.planning.title_stream import TitleStream
 
 
 @pytest.mark.parametrize("text", ['["A1", ["Nested"], "A2"]', '{"items": ["A1", {"x": "Nested"}, "A2"]}'])
