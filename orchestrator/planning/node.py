@@ -109,13 +109,14 @@ class NodeRequest:
             p.plan_reasks is None or exp.unusable < p.plan_reasks
         ) and self.crowded < TAKEN_REASKS
         text, fixed, own_norms = reply.text, tuple(exp.committed), exp.norms
+        if reply.finish_reason in ("length", STOPPED) and not text.endswith("\n"):
+            # A reply cut at the token cap, or stopped once complete, is judged by its complete lines: its last is cut
+            # mid-title ("1. Test and" became a chapter of SmolLM2-135M's book, its part's reply cut at the cap).
+            text = text[: text.rfind("\n") + 1]
         if exp.watch_only:
             # The attempt's titles bind nothing (no child started from them): the reply is judged as if read whole,
-            # against the book's titles as they are now (another node may have taken one since it streamed past);
-            # a reply stopped once complete, by its complete lines (its last may be cut).
+            # against the book's titles as they are now (another node may have taken one since it streamed past).
             fixed, own_norms = (), set()
-            if reply.finish_reason == STOPPED:
-                text = text[: text.rfind("\n") + 1]
         offered_title, offered = extract_titles(text)
         taken = frozenset(exp.taken - own_norms)
         own = self.values.get(self.name) if self.name != NodeKind.BOOK else None  # the part's or chapter's title

@@ -190,3 +190,24 @@ def test_a_line_cut_to_a_titles_length_comes_after_the_fillers_and_letters_that_
     for ok in ("Internationalization and Localization", "Handling ConcurrentModificationException in Loops",
                "AbstractSingletonProxyFactoryBean in Spring", "日本の川と湖についての非常に長いタイトルの例です日本の川と湖についての"):
         assert title_debris(ok) is None and weak_title(ok, frozenset()) is None
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_a_list_cut_at_the_token_cap_loses_its_cut_line_not_a_title_to_it(tmp_path, pipeline):
+    # make demo at stop 42: a part's reply ran to its cap on "... 1. Test and", and "Test and" became a chapter
+    def answer(req: Request) -> Answer:
+        if req.kind == "book":
+            return Answer(titles(["Foundations", "Practice"], "The Test Book"))
+        if req.kind == "part" and req.title == "Practice":
+            return Answer("1. Reviews\n2. Releases\n3. Integration Tes", finish_reason="length")
+        if req.kind in ("part", "chapter"):
+            return Answer(titles([f"{req.title} {w}" for w in ("Origins", "Methods", "Limits")]))
+        return Answer(prose(req.title))
+
+    settings = Settings(parts=2, chapters=3, sections=2, words=40, max_tokens=80, formats=("md",), attempts=2,
+                        context="none", pipeline=pipeline)
+    with ScriptedServer(answer) as srv:
+        result = generate("A test book", [srv.url], settings, out=tmp_path / "o", on_event=lambda e: None)
+    assert result.complete and result.outline.shape == (2, 6, 12)
+    practice = [c.title for c in result.outline.parts[1].chapters]
+    assert practice[:2] == ["Reviews", "Releases"] and practice[2] in filler_titles("Practice"), practice
