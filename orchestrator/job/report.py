@@ -285,6 +285,11 @@ def server_counted_line(stats: dict[str, Any]) -> str | None:
     return line
 
 
+def _streams(n: float) -> str:
+    """Streams in flight as printed: tenths, or as stats.json has them below one (metrics/readers.streams_figure)."""
+    return f"{n:,.1f}" if n >= 0.95 else f"{n:g}"
+
+
 def readers_line(stats: dict[str, Any]) -> str | None:
     """The printed summary of ``stats["readers"]``: "each reader: N tok/s" beside the streams it is shared by, and
     the latency percentiles, each group with its source (the servers' histograms, else the client's timing)."""
@@ -293,7 +298,7 @@ def readers_line(stats: dict[str, Any]) -> str | None:
         return None
     rate = "server-counted" if rd.get("rate_source") == "server" else "client-timed"
     line = (f"each reader: {rd['per_stream_tok_s']:,.1f} tok/s ({rd['rate_tok_s']:,.0f} tok/s {rate} over "
-            f"{rd['streams_in_flight']:,.1f} streams in flight, as the {rd['streams_source']} counts them)")
+            f"{_streams(rd['streams_in_flight'])} streams in flight, as the {rd['streams_source']} counts them)")
     parts = []
     for key, label, unit in (("ttft_s", "TTFT", "s"), ("itl_ms", "ITL", "ms"), ("e2e_s", "end to end", "s")):
         entry = rd.get(key)

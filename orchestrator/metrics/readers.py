@@ -44,6 +44,13 @@ def mean_running(series: Mapping[str, Sequence[Point]], t0: float, t1: float) ->
     return total
 
 
+def streams_figure(running: float) -> float:
+    """Streams in flight as stats.json gives them: tenths, and two significant digits below one, so that a window
+    where requests were open 4% of the time says 0.04, not 0.0 beside a per-stream rate 25 times the fleet's (a fake
+    server that answers at once, CI)."""
+    return round(running, 1) if running >= 0.95 else float(f"{running:.2g}")
+
+
 def client_in_flight(replies: Iterable[Reply], t0: float, t1: float) -> float:
     """Mean requests open over [t0, t1]: the sum of each reply's time inside the window over the window's length."""
     if t1 <= t0:
@@ -120,7 +127,7 @@ def readers(
     return {
         "per_stream_tok_s": round(rate / running, 2) if running else None,
         "rate_tok_s": round(rate, 1),
-        "streams_in_flight": round(running, 1) if running else None,
+        "streams_in_flight": streams_figure(running) if running else None,
         "streams_source": streams_source,
         "rate_source": rate_source,
         "section_decode_tok_s": ({k: None if v is None else round(v, 2) for k, v in ps.items()}

@@ -28,6 +28,19 @@ def test_streams_in_flight_by_littles_law_and_by_the_servers_gauges():
     assert mean_running({"c": series["c"]}, 0, 3) is None
 
 
+def test_streams_open_a_few_percent_of_the_window_are_not_rounded_to_none():
+    # CI at stop 42: a fake server answering at once left requests open 4% of the writing window; stats.json said
+    # 0.0 streams in flight beside 44,884 tok/s for each reader
+    rs = [reply(0.0, 0.01, 0.1, 100), reply(0.2, 0.21, 0.3, 100)]
+    got = readers(rs, 0.0, 5.0, sustained_tok_s=None)
+    assert got["streams_in_flight"] == pytest.approx(0.04)
+    assert got["per_stream_tok_s"] == pytest.approx(200 / 5.0 / 0.04)
+    from orchestrator.job.report import readers_line
+
+    assert "over 0.04 streams in flight" in (readers_line({"readers": got}) or "")
+    assert readers([reply(0.0, 0.5, 10.0, 100)], 0.0, 10.0, sustained_tok_s=None)["streams_in_flight"] == 1.0
+
+
 def test_client_figures_when_no_server_counts():
     rs = [reply(0.0, 0.5, 10.5, 101), reply(0.0, 1.0, 6.0, 51), reply(1.0, 1.5, 2.5, 11),
           reply(2.0, 2.0, 3.0, 0, ok=False)]
