@@ -149,15 +149,16 @@ def test_streams_finish_length_and_counter_equals_usage(engine, streams):
     max_tokens = 48
 
     async def main() -> list[tuple[str, str | None, int]]:
-        client = AsyncOpenAI(base_url=engine.url, api_key="EMPTY", max_retries=0)
         results: list[Any] = [None] * streams
+        # Closed inside the loop: left to the garbage collector, its connections' close ran after anyio.run had closed
+        # the loop ("Task exception was never retrieved ... Event loop is closed" in CI's log of a later test).
+        async with AsyncOpenAI(base_url=engine.url, api_key="EMPTY", max_retries=0) as client:
+            async def one(i: int) -> None:
+                results[i] = await _stream(client, topics[i], max_tokens)
 
-        async def one(i: int) -> None:
-            results[i] = await _stream(client, topics[i], max_tokens)
-
-        async with anyio.create_task_group() as tg:
-            for i in range(streams):
-                tg.start_soon(one, i)
+            async with anyio.create_task_group() as tg:
+                for i in range(streams):
+                    tg.start_soon(one, i)
         return results
 
     before = generation_counter(engine.url)
@@ -269,11 +270,16 @@ def test_small_book_end_to_end(engine, tmp_path):
     sc = stats["server_counted"]
     assert sc is not None and sc["metric"] == "vllm:generation_tokens_total" and sc["sustained_tok_s"] > 0
     # An answer stopped as it streamed (a repetition loop caught, LoopWatch; a planning list read until complete) has
-    # no usage: its tokens are counted one a delta read, and the server may write a few more before it sees the
-    # connection go.
+    # no usage: its tokens are counted as read, and the server writes more before it sees the connection go. How many
+    # depends on how busy the machine is (idle, test_a_dropped_stream_is_counted: 0-16 a stream; this job on a loaded
+    # CI machine: 150 for 9, 17 a stream), so the bound here is the one no timing can break: no answer runs past its
+    # max_tokens (520 for a section; a planning list asks min(plan_max_tokens, 16 x titles + 48), below that here).
+    # Never below zero: the clients count no token the server did not write.
     gap = (after - before) - stats["tokens_written"]
     stopped = stats["stopped_answers"] + stats["planning_stopped"]
-    assert 0 <= gap <= STOPPED_SLACK * stopped, (gap, stopped)
+    cap = Settings().max_tokens
+    assert 0 <= gap <= cap * stopped, (gap, stopped)
+    engine.figures["book_tokens_after_stop_per_stopped_answer"] = round(gap / stopped, 1) if stopped else 0.0
     # The PDF was made: as many pages as stats says, with text on its title page.
     pdf = tmp_path / "out" / "book.pdf"
     assert result.paths["pdf"] == pdf and pdf.stat().st_size > 10_000
