@@ -8,11 +8,12 @@ a reader would count it, on the embedded engine (or on any --backend).
 Each prompt is written twice through the real CLI, same shape (the embedded engine's default 3 x 3 x 4 unless
 given), same profile and sampling:
 
-    none      --context none --no-distinct-titles --no-repairs: each section asked with its titles alone, nothing
-              checked afterwards (the reference's way)
+    none      --context none --no-distinct-titles --no-repairs --no-stop-at-sign-off: each section asked with its
+              titles alone and read to its end, nothing checked afterwards (the reference's way; before stop 43 its
+              sections were read as outline's are, with no sign-off stop to have)
     outline   the defaults: each section request carries the book's brief, its part's chapter titles and its
-              chapter's section titles; no title twice in the book; code that does not parse and near-duplicates
-              asked again once
+              chapter's section titles; no title twice in the book; a section's stream stopped where it signs off;
+              code that does not parse and near-duplicates asked again once
 
 and counted from what each run left (outline.json, defects.json, stats.json):
 
@@ -54,7 +55,7 @@ PROMPTS = (
     "Write me a field guide to the rivers of Europe",
 )
 WAYS = {
-    "none": ["--context", "none", "--no-distinct-titles", "--no-repairs"],
+    "none": ["--context", "none", "--no-distinct-titles", "--no-repairs", "--no-stop-at-sign-off"],
     "outline": [],
 }
 
@@ -100,6 +101,9 @@ def measure(out: Path) -> dict:
         "talk": defects.get("assistant_talk", {}).get("count", 0),
         "talk_words": defects.get("assistant_talk", {}).get("words", 0),
         "requests": stats["requests"],
+        "tokens": stats["tokens_written"],
+        "capped": stats["truncated_sections"],
+        "signed_off": stats.get("signed_off_answers", 0),
         "whole_job_s": stats["whole_job_s"],
         "brief": outline.get("brief", ""),
     }
@@ -137,7 +141,8 @@ def excerpts(out: Path, limit: int) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share printed; generated (every 5-gram) | "
-            "python broken / checked (repaired) | talk (words) | requests | whole job s | vs none |")
+            "python broken / checked (repaired) | talk (words) | signed off | capped | requests | tokens | whole job s | "
+            "vs none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = {r["prompt"]: r for r in rows if r["way"] == "none"}
     for r in rows:
@@ -148,7 +153,8 @@ def table(rows: list[dict]) -> str:
             f"{r['repeated_titles']} | "
             f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share_printed']:.1%}; {r['five_gram_share']:.1%} ({r['five_gram_share_all']:.1%}) | "
             f"{r['python_broken']} / "
-            f"{r['python_checked']} ({r['code_repaired']}) | {r['talk']} ({r['talk_words']:,}) | {r['requests']} | {r['whole_job_s']:.1f} | {ratio} |")
+            f"{r['python_checked']} ({r['code_repaired']}) | {r['talk']} ({r['talk_words']:,}) | {r['signed_off']} | "
+            f"{r['capped']} | {r['requests']} | {r['tokens']:,} | {r['whole_job_s']:.1f} | {ratio} |")
     return "\n".join(lines)
 
 

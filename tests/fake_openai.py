@@ -18,6 +18,8 @@ Modes:
                (``section_chunk_delay`` between chunks), as a small model caught in a repetition loop does; at a
                temperature above 0 it is prose. ``loop_streams`` records, per looping stream, (chunks written, chunks
                it would have had): a client that stops reading early shows as fewer written
+  signs-off    like ``ok``, but every section's prose is followed by a sign-off ("I hope this helps! ...") and talk
+               to its max_tokens, as a chat model does; ``talk_streams`` records (chunks written, chunks in the answer)
   (every mode answers ``"stream": false`` with one chat.completion, the same text, after the same stall or delays)
   ok           a minimal well-behaved server: JSON title lists ("Part topic 1", "Chapter topic 1", "Section
                topic 1", ...) and prose; sections titled in ``fail_sections`` always come back empty
@@ -55,6 +57,7 @@ class FakeServer(LocalHTTPServer):
         self.auth_seen: list[str] = []
         self.bodies: list[dict] = []  # every chat request's JSON body, in arrival order
         self.loop_streams: list[tuple[int, int]] = []  # mode "loops": (chunks written, chunks in the answer)
+        self.talk_streams: list[tuple[int, int]] = []  # mode "signs-off": the same
         self._lock = threading.Lock()
 
     def _authorised(self, h) -> bool:
@@ -123,6 +126,16 @@ class FakeServer(LocalHTTPServer):
             line = "The cache keeps every record near the server that asked for it.\n"
             size = 4 * int(req.get("max_tokens") or 520)
             text = (line * (size // len(line) + 1))[:size]
+        talking = self.mode == "signs-off" and not text.lstrip().startswith("{")
+        if talking:  # a sign-off, then talk to the request's token cap (about 4 characters a token)
+            rnd = random.Random(text)
+            words = ("weather", "garden", "holiday", "recipe", "film", "concert", "train", "museum", "market", "river")
+            size = 4 * int(req.get("max_tokens") or 520)
+            text += "\n\nI hope this helps! Let me know if you have any questions."
+            while len(text) < size:  # talk that does not repeat itself (no repetition loop for the checks to see)
+                text += (f" Would you also like to hear about the {rnd.choice(words)} near the {rnd.choice(words)} "
+                         f"and the {rnd.choice(words)}?")
+            text = text[:size]
         delay = 0.0
         if not text.lstrip().startswith("{"):
             with self._lock:
@@ -132,13 +145,14 @@ class FakeServer(LocalHTTPServer):
             if self.mode == "stall" and n <= self.stall_count:
                 time.sleep(self.stall_s)
             time.sleep(delay * max(1, len(text) // 16))
-            self._whole(h, text, finish="length" if looping else "stop")
+            self._whole(h, text, finish="length" if looping or talking else "stop")
             if looping:
                 with self._lock:
                     self.loop_streams.append((-(-len(text) // 16),) * 2)  # read whole: every "chunk" sent
             return
         self._stream(h, text, stall=self.mode == "stall" and n <= self.stall_count, delay=delay,
-                     finish="length" if looping else "stop", record=self.loop_streams if looping else None)
+                     finish="length" if looping or talking else "stop",
+                     record=self.loop_streams if looping else self.talk_streams if talking else None)
 
     def _whole(self, h, text: str, finish: str = "stop") -> None:
         body = {"id": "x", "object": "chat.completion", "model": self.model,

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from .fences import FENCE_OPEN, closer
 
-__all__ = ["LEAD_WORDS", "OPENERS", "SIGN_OFFS", "TAIL_SHARE", "Talk", "talk_spans", "without_talk"]
+__all__ = ["LEAD_WORDS", "OPENERS", "SIGN_OFFS", "TAIL_SHARE", "Talk", "signs_off", "talk_spans", "without_talk",
+           "words"]
 
 LEAD_WORDS = 60  # a talking first paragraph longer than this is kept: it may carry content after its lead-in
 # An opener followed by more than this share of the section's words is not where the section ends: it is read as the
@@ -111,6 +112,8 @@ OPENERS = re.compile(
     r")",
     re.IGNORECASE,
 )
+# A sign-off where a sentence opens, as OPENERS reads one ("Sure! I hope this helps", "[Note] Let me know ...").
+_SIGN_OFF_OPENER = re.compile(rf"{_REPLY}{_LABEL}(?:{SIGN_OFFS.pattern})", re.IGNORECASE)
 # An opener too weak to take a paragraph out from between content on its own ("I hope you have packed warm clothes,
 # because the pass is cold at night."): where it is not also a sign-off, it may end a section, never cut into one.
 _HOPE_YOU = re.compile(rf"{_REPLY}I\s+hope\s+(?:that\s+)?you\b", re.IGNORECASE)
@@ -282,3 +285,14 @@ def without_talk(text: str, talk: Talk) -> str:
         before, after = out[:start].rstrip(), out[end:].lstrip("\n")
         out = f"{before}\n\n{after}" if before else after
     return out.strip("\n")
+
+
+def signs_off(text: str, at: int) -> bool:
+    """Does the sentence at ``at`` (a :class:`Talk`'s ``tail``) open with a sign-off (:data:`SIGN_OFFS`), unmistakable
+    talk, rather than with a weaker opener?"""
+    return _SIGN_OFF_OPENER.match(text, _MARKUP.match(text, at).end()) is not None  # type: ignore[union-attr]
+
+
+def words(text: str, start: int = 0, end: int | None = None) -> int:
+    """The words of ``text[start:end]``, counted as :func:`talk_spans` counts them."""
+    return len(_WORD.findall(text, start, len(text) if end is None else end))

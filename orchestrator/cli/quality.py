@@ -1,6 +1,6 @@
 """The flags of what a book knows and how it is checked (issue "a book that reads as one"): --context,
---distinct-titles, --repairs, --affinity. Each maps to its Settings field; left out, the preset's, job file's or
-default value stands."""
+--distinct-titles, --repairs, --affinity, --stop-at-sign-off. Each maps to its Settings field; left out, the preset's,
+job file's or default value stands."""
 
 from __future__ import annotations
 
@@ -29,8 +29,11 @@ def add_quality_arguments(p: argparse.ArgumentParser, *, planning: bool = True) 
     p.add_argument("--repairs", action=argparse.BooleanOptionalAction, default=None,
                    help="ask a section again once when its code does not parse or it nearly repeats another "
                    "(default on; off in the published preset)")
+    p.add_argument("--stop-at-sign-off", action=argparse.BooleanOptionalAction, default=None,
+                   help="stop a section's stream where the model signs off to whoever asked (\"I hope this helps\"), "
+                   "and keep the section written so far (default on; off in the published preset)")
 
 
 def quality_values(args: argparse.Namespace) -> dict[str, Any]:
     return {"context": args.context, "distinct_titles": getattr(args, "distinct_titles", None),
-            "repairs": args.repairs, "affinity": args.affinity}
+            "repairs": args.repairs, "affinity": args.affinity, "stop_at_sign_off": args.stop_at_sign_off}

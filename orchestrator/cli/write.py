@@ -34,6 +34,7 @@ _FLAG_OF: dict[str, str | None] = {
     "connect_timeout_s": None, "metrics_interval_s": None, "interrupt_grace_s": None, "all_down_timeout_s": None,
 }
 _INVERTED = frozenset({"typeset_while_writing"})  # settings whose flag (store_true) turns them off
+_ON_OFF = frozenset({"repairs", "affinity", "stop_at_sign_off"})  # --x/--no-x flags: None when left out
 
 
 def _flags() -> dict[str, str]:
@@ -46,6 +47,17 @@ def _flags() -> dict[str, str]:
         if flag is not None:
             flags[flag] = setting
     return flags
+
+
+def _values(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the flags given change: a store_true flag left out is False, an --x/--no-x flag left out None
+    (its --no-x, False, is given: ``handbook write DIR --no-repairs`` turns repairs off)."""
+    values: dict[str, Any] = {}
+    for flag, setting in _flags().items():
+        v = getattr(args, flag)
+        if v or (v is False and flag in _ON_OFF):
+            values[setting] = False if setting in _INVERTED else v
+    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         raise ConfigError("--model cannot change between `handbook plan` and `handbook write`: the journal "
                           "records the model the outline was made with")
-    values: dict[str, Any] = {setting: False if setting in _INVERTED else getattr(args, flag)
-                              for flag, setting in _flags().items() if getattr(args, flag)}
+    values = _values(args)
     if "ladder" in values:
         values["ladder"] = os.path.abspath(values["ladder"])
     if "api_key" not in values and os.environ.get("OPENAI_API_KEY"):

@@ -132,6 +132,10 @@ class Settings:
     # Checked afterwards, asked again once (job/repairs.py): a section whose code blocks do not parse, and the later
     # section of a near-duplicate pair (--repairs, on by default; off in the published preset).
     repairs: bool = True
+    # A streamed section answer is stopped where the model signs off to whoever asked ("I hope this helps! Let me
+    # know ..."), after at least a third of its words, and kept as the section (book/signoff.py): what it would have
+    # talked on is left out of book.md anyway. Off in the published preset, whose sections are the reference's.
+    stop_at_sign_off: bool = True
 
     def __post_init__(self) -> None:
         # Every path into Settings comes through here (Settings(...) by a library user, settings_from for the CLI's
@@ -241,6 +245,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "context": "none",  # each section request carries its titles alone, as the reference's did
         "distinct_titles": False,  # the reference's plan, repeated titles and all
         "repairs": False,  # nothing asked again but what failed: the reference's defects stay countable
+        "stop_at_sign_off": False,  # every section read to its end, as the reference's were
     },
 }
 

@@ -25,8 +25,8 @@ _MERGE_FILES = ("sections.parquet", "books.parquet", "stats.json")
 # ran side by side: the library took as long as its slowest shard)
 ADDITIVE = ("books", "books_done", "books_written", "carried_over", "section_tokens", "requests_this_run",
             "tokens_written_this_run", "failed_books", "sections", "tokens_written", "requests", "planning_requests",
-            "request_errors", "unusable_replies", "stopped_answers", "planning_stopped", "resumed_sections",
-            "words", "failed_sections", "empty_sections", "truncated_sections")
+            "request_errors", "unusable_replies", "stopped_answers", "signed_off_answers", "planning_stopped",
+            "resumed_sections", "words", "failed_sections", "empty_sections", "truncated_sections")
 LARGEST = ("whole_job_s",)
 
 

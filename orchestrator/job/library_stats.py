@@ -34,7 +34,7 @@ BOOK_INDEX = "book.json"  # books/<id>/book.json
 BOOK_COUNTS = ("sections", "section_tokens", "words", "failed_sections", "empty_sections", "truncated_sections")
 # this run's requests, summed over the books it wrote
 RUN_COUNTS = ("tokens_written", "requests", "planning_requests", "request_errors", "unusable_replies",
-              "resumed_sections", "stopped_answers", "planning_stopped")
+              "resumed_sections", "stopped_answers", "signed_off_answers", "planning_stopped")
 PAIRS_LISTED = 200  # pairs named in defects.json (the count is of all of them)
 
 

@@ -3,9 +3,12 @@ Writer orders and resumes sections by."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..book.checks import LoopWatch, loop_reason, norm_title
+from ..book.signoff import SignOffWatch
 from ..core.config import Settings
 from ..core.reply import STOPPED, Reply
 
@@ -23,19 +26,30 @@ class SectionCheck:
       loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it).
     * :meth:`watcher` gives the first answer's stream a :class:`~orchestrator.book.checks.LoopWatch`: a loop is
       caught as it streams, the stream stopped (finish_reason ``STOPPED``) and the re-ask sent at once, where the
-      token cap would have let the loop run on. A stopped answer is never accepted. The re-ask is not watched: what
-      it gives is kept, as above."""
+      token cap would have let the loop run on. An answer stopped for a loop is never accepted. The re-ask is not
+      watched for loops: what it gives is kept, as above.
+    * With ``sign_off_words`` set (Settings.stop_at_sign_off), every attempt's stream is also read by a
+      :class:`~orchestrator.book.signoff.SignOffWatch`: an answer that signs off to whoever asked, after at least
+      that many words, is stopped there and accepted as the section (book.md leaves the sign-off out), where the
+      model would have talked on, up to its token cap."""
 
-    def __init__(self, title: str):
+    def __init__(self, title: str, sign_off_words: int | None = None):
         self.want = norm_title(title)
         self.loop: str | None = None  # why the first answer looped, once it did
+        self.sign_off_words = sign_off_words
+        self._sign_off: SignOffWatch | None = None  # the watch of the attempt under way
 
-    def watcher(self) -> LoopWatch | None:
-        """The stop_when of the next attempt's stream (``Dispatcher.run``'s ``watch``): a first answer's only."""
-        return LoopWatch() if self.loop is None else None
+    def watcher(self) -> Callable[[str], str | None] | None:
+        """The stop_when of the next attempt's stream (``Dispatcher.run``'s ``watch``)."""
+        loop = LoopWatch() if self.loop is None else None
+        self._sign_off = None if self.sign_off_words is None else SignOffWatch(self.sign_off_words)
+        if self._sign_off is None or loop is None:
+            return loop or self._sign_off
+        return partial(_either, loop, self._sign_off)
 
     def __call__(self, reply: Reply) -> dict[str, str | None]:
-        if reply.finish_reason == STOPPED:  # a LoopWatch stopped it: the text so far loops
+        if reply.finish_reason == STOPPED and not (self._sign_off is not None and self._sign_off.signed_off):
+            # a LoopWatch stopped it: the text so far loops
             self.loop = self.loop or loop_reason(reply.text) or "a repetition loop caught while streaming"
             raise ValueError(f"repetition loop ({self.loop}) caught while streaming: asked again with stronger "
                              "anti-repetition settings")
@@ -49,6 +63,11 @@ class SectionCheck:
                 raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
             return {"repaired_from": None, "loop": None}
         return {"repaired_from": self.loop, "loop": loop_reason(reply.text)}
+
+
+def _either(loop: LoopWatch, sign_off: SignOffWatch, delta: str) -> str | None:
+    """Both watches of a first answer, each fed every delta: the first reason either gives."""
+    return loop(delta) or sign_off(delta)
 
 
 def order_base(chapter_path: str, settings: Settings) -> int:

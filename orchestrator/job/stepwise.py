@@ -43,7 +43,7 @@ WRITE_OVERRIDES = frozenset({
     "api_key", "cap", "attempts", "connect_timeout_s", "first_token_timeout_s", "chunk_timeout_s", "request_timeout_s",
     "metrics_interval_s", "interrupt_grace_s", "all_down_timeout_s", "formats", "ladder", "forecast", "timeline",
     "typeset_while_writing", "stream_sections",
-    "context", "repairs", "affinity",
+    "context", "repairs", "affinity", "stop_at_sign_off",
 })
 
 

@@ -228,7 +228,8 @@ def make_shard(root: Path, name: str, ids: list[str], stats: dict, jsonl: bool =
 
 STATS_0 = {"books": 2, "failed_books": 0, "sections": 4, "tokens_written": 100, "requests": 10, "planning_requests": 2,
            "request_errors": 1, "words": 70, "whole_job_s": 30.5, "cards": 4, "server_counted": {"available": False},
-           "stopped_answers": 3, "planning_stopped": 4, "resumed_sections": 1, "unusable_replies": 1}
+           "stopped_answers": 3, "planning_stopped": 4, "resumed_sections": 1, "unusable_replies": 1,
+           "signed_off_answers": 2}
 STATS_1 = {"books": 1, "failed_books": 1, "sections": 2, "tokens_written": 40, "requests": 5, "planning_requests": 1,
            "request_errors": 0, "words": 30, "whole_job_s": 41.0, "stopped_answers": 2}
 
@@ -323,7 +324,7 @@ def test_a_librarys_run_counts_sum_its_books_stats():
     t.add({**STATS_1, "request_errors": True}, {})
     assert {k: t.run_sums[k] for k in RUN_COUNTS} == {
         "tokens_written": 140, "requests": 15, "planning_requests": 3, "request_errors": 1, "unusable_replies": 1,
-        "resumed_sections": 2, "stopped_answers": 5, "planning_stopped": 4}
+        "resumed_sections": 2, "stopped_answers": 5, "signed_off_answers": 2, "planning_stopped": 4}
     assert t.written == 2
 
 
@@ -332,6 +333,7 @@ def test_merge_stats_sums_counts_and_takes_the_longest_time():
     assert merged["books"] == 3  # a bool is not a count
     assert merged["whole_job_s"] == 41.0
     assert merged["stopped_answers"] == 5 and merged["resumed_sections"] == 1 and merged["planning_stopped"] == 4
+    assert merged["signed_off_answers"] == 2
     assert merged["unusable_replies"] == 1  # summed where a shard has it (stats.json before it had none)
     assert "cards" not in merged and "server_counted" not in merged and "failed_sections" not in merged
     assert merged["shards"][2] == {"dir": "s2", "books": True, "whole_job_s": 2}
