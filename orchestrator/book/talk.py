@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from .fences import FENCE_OPEN, closer
 
-__all__ = ["LEAD_WORDS", "OPENERS", "SIGN_OFFS", "TAIL_SHARE", "Talk", "signs_off", "talk_spans", "without_talk",
-           "words"]
+__all__ = ["LEAD_WORDS", "OPENERS", "SIGN_OFFS", "TAIL_SHARE", "Talk", "last_sentence", "signs_off", "talk_spans",
+           "without_talk", "words"]
 
 LEAD_WORDS = 60  # a talking first paragraph longer than this is kept: it may carry content after its lead-in
 # An opener followed by more than this share of the section's words is not where the section ends: it is read as the
@@ -61,7 +61,7 @@ SIGN_OFFS = re.compile(
     r"share\s+your)\b"
     rf"|I(?:\s+have|'ve|’ve)?\s+(?:also\s+)?{_EDIT_VERB}\b[^.!?\n]{{0,60}}?\b(?:clarity|grammar|readability|coherence|"
     r"transitional|(?:the|your)\s+(?:original\s+)?(?:text|passage|paragraph|essay|draft))\b"
-    r"|don'?t\s+hesitate\s+to\s+(?:ask|reach\s+out|contact|let\s+me|get\s+in\s+touch)\b"
+    r"|don['’]?t\s+hesitate\s+to\s+(?:ask|reach\s+out|contact|let\s+me|get\s+in\s+touch)\b"
     r"|(?:if\s+you\s+have\s+any\s+(?:other\s+|further\s+|more\s+|additional\s+)?questions|"
     r"if\s+there(?:'s|’s|\s+is)\s+anything\s+else)\b"
     r"|P\.S\.(?=[\s:*])"
@@ -296,3 +296,15 @@ def signs_off(text: str, at: int) -> bool:
 def words(text: str, start: int = 0, end: int | None = None) -> int:
     """The words of ``text[start:end]``, counted as :func:`talk_spans` counts them."""
     return len(_WORD.findall(text, start, len(text) if end is None else end))
+
+
+def last_sentence(text: str) -> tuple[int, int] | None:
+    """(where its paragraph starts, where it opens, past emphasis) of the last sentence of ``text`` where ``text``
+    ends in paragraph prose, as :func:`talk_spans` reads it (not in code, a list item, a table, a quote or a
+    heading); else None."""
+    paragraphs, _ = _prose_paragraphs(text)
+    if not paragraphs or paragraphs[-1][1] != len(text):
+        return None
+    start, end = paragraphs[-1]
+    starts = [start, *(m.end() for m in _SENTENCE_END.finditer(text, start, end) if m.end() < end)]
+    return start, _MARKUP.match(text, starts[-1]).end()  # type: ignore[union-attr]

@@ -34,7 +34,6 @@ _FLAG_OF: dict[str, str | None] = {
     "connect_timeout_s": None, "metrics_interval_s": None, "interrupt_grace_s": None, "all_down_timeout_s": None,
 }
 _INVERTED = frozenset({"typeset_while_writing"})  # settings whose flag (store_true) turns them off
-_ON_OFF = frozenset({"repairs", "affinity", "stop_at_sign_off"})  # --x/--no-x flags: None when left out
 
 
 def _flags() -> dict[str, str]:
@@ -53,11 +52,19 @@ def _values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags given change: a store_true flag left out is False, an --x/--no-x flag left out None
     (its --no-x, False, is given: ``handbook write DIR --no-repairs`` turns repairs off)."""
     values: dict[str, Any] = {}
+    on_off = _on_off_flags()
     for flag, setting in _flags().items():
         v = getattr(args, flag)
-        if v or (v is False and flag in _ON_OFF):
+        if v or (v is False and flag in on_off):
             values[setting] = False if setting in _INVERTED else v
     return values
+
+
+def _on_off_flags() -> frozenset[str]:
+    """The dests of `write`'s --x/--no-x flags (BooleanOptionalAction: None when left out), read off its parser."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return frozenset(a.dest for a in parser._actions if isinstance(a, argparse.BooleanOptionalAction))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -107,10 +107,11 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         # of them, answers a check of ours refused (Reply.unusable: a planning list it could not use, a section caught
         # in a loop), each asked again: the backend did its part (per_backend's errors leave them out)
         "unusable_replies": sum(1 for _, r in rec.replies if r.unusable),
-        # section answers stopped as they streamed: one caught in a repetition loop (asked again at once: in
-        # request_errors) or one that signed off (kept: signed_off_answers); in requests; their tokens, in
-        # tokens_written, are the usage of the last chunk read (a watched stream asks for continuous usage stats),
-        # else one a content delta read (BackendClient._stopped)
+        # section answers stopped as they streamed, in requests: one caught in a repetition loop, and one that
+        # signed off that the check still refused (a loop in it), asked again at once (in request_errors); one that
+        # signed off and was kept (signed_off_answers). Their tokens, in tokens_written, are the usage of the last
+        # chunk read (a watched stream asks for continuous usage stats), else one a content delta read
+        # (BackendClient._stopped)
         "stopped_answers": sum(1 for k, r in rec.replies if r.finish_reason == STOPPED and k not in planning),
         "signed_off_answers": sum(1 for k, r in rec.replies
                                   if r.finish_reason == STOPPED and r.ok and k not in planning),

@@ -61,6 +61,13 @@ def test_the_watch_stops_at_a_sign_off_after_the_section_and_keeps_the_section()
     PROSE + "- Let me know the river's level before you set out.\n",  # a list item is content
     PROSE + "Here is a revised version of the text: rivers drain basins.",  # talk, but no sign-off
     PROSE + "The ferryman said: let me knowledge-check you first.",  # "know" was part of a longer word
+    # a handbook's own sentences that open as a sign-off does, but name no writer (review of stop 43)
+    PROSE + "Feel free to contact the lock keeper on channel 14 whenever the water is high, day or night.\n\n" + PROSE,
+    PROSE + "If there is anything else on the bench, clear it first. Then open the gate.\n\n" + PROSE,
+    PROSE + "1. Close the sluice.\nIf there is anything else in the channel, clear it first.\n2. Open the gate.\n",
+    # a sign-off within a quotation its paragraph opened
+    PROSE + 'The notice reads: "The release is out on all regions. Let me know if you see errors. Thank you." It '
+            "names the change and who to tell.\n\n" + PROSE,
 ])
 def test_the_watch_does_not_stop_where_there_is_no_sign_off_after_the_section(text):
     watch = SignOffWatch(WORDS // 2)
@@ -68,11 +75,23 @@ def test_the_watch_does_not_stop_where_there_is_no_sign_off_after_the_section(te
     assert _feed(SignOffWatch(WORDS // 2), text, size=1) is None  # one character a delta: a word never read half
 
 
-def test_a_word_is_read_only_once_it_has_ended():
+def test_a_sentence_is_read_once_it_has_ended():
     watch = SignOffWatch(10)
-    for piece in (PROSE, "Let", " me", " know"):
-        assert watch(piece) is None  # "know" may still become "knowledge"
-    assert watch(" if you need more.") == SIGNED_OFF
+    for piece in (PROSE, "Let", " me", " know", " if you need more", ".", "**"):
+        assert watch(piece) is None  # "know" may still become "knowledge", "." the first of "..."
+    assert watch("\n") == SIGNED_OFF
+
+
+def test_a_weak_opener_before_the_sign_off_does_not_hide_it():
+    """"I hope that you found ..." is talk too weak to stop at; the sign-off after it still stops the stream, and
+    book.md leaves out both."""
+    text = (PROSE + "I hope that you found this guide useful. Let me know if you have any questions. "
+            "Would you like to hear about the weather?")
+    watch = SignOffWatch(WORDS // 2)
+    at = _feed(watch, text)
+    end = text.index("any questions.") + len("any questions.")
+    assert at is not None and end < at <= end + 3  # the delta with the space after it
+    assert talk_spans(text[:at]).tail == len(PROSE)
 
 
 def test_a_signed_off_answer_is_accepted_and_a_looping_one_is_not():
