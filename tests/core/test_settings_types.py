@@ -46,6 +46,7 @@ WRONG = [
     ("distinct_titles", "no", "bool"),
     ("repairs", 1, "bool"),
     ("affinity", "off", "bool"),
+    ("stop_at_sign_off", "yes", "bool"),
     ("parts", 2.5, "int"),
     ("parts", 3.0, "int"),
     ("parts", "8", "int"),
@@ -224,7 +225,7 @@ VALID: dict[str, typing.Any] = {
     "frequency_penalty": -0.5, "system": "Be brief.", "planning": "list", "finish_truncated": True, "pages": 40,
     "minutes": 2, "ladder": "/tmp/ladder.json", "forecast": True, "timeline": True, "typeset_while_writing": False,
     "stream_sections": "never", "context": "outline", "distinct_titles": False,
-    "repairs": True, "affinity": False,
+    "repairs": True, "affinity": False, "stop_at_sign_off": False,
 }
 
 
