@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -45,6 +46,11 @@ WRITE_OVERRIDES = frozenset({
     "typeset_while_writing", "stream_sections",
     "context", "repairs", "affinity", "stop_at_sign_off",
 })
+
+
+# A plan journaled before one of these settings existed is written as it was then (a published-preset plan of an
+# earlier version reads every section to its end, as its preset now says too), not with today's default.
+PLANNED_BEFORE: dict[str, Any] = {"stop_at_sign_off": False}
 
 
 async def plan_job(prompt: str, backends: Sequence[Backend | str] | None = None, settings: Settings | None = None,
@@ -92,7 +98,7 @@ def write_settings(out_dir: Path, overrides: Settings | None = None,
     # A plan folder written by another version may hold a setting this one lacks: only the known names are taken
     # (settings_from refuses an unknown one, as it must for a person's job file).
     known = {f.name for f in fields(Settings)}
-    base = settings_from({k: v for k, v in public.items() if k in known})
+    base = settings_from({**PLANNED_BEFORE, **{k: v for k, v in public.items() if k in known}})
     if overrides is not None:
         base = replace(base, **{k: getattr(overrides, k) for k in changed})
     return prompt, base

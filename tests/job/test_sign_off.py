@@ -157,3 +157,16 @@ def test_handbook_write_takes_an_on_off_flag_given_off():
     assert given == {"stop_at_sign_off": False, "repairs": False, "affinity": True}
     assert write._values(parser.parse_args(["d"])) == {}
     assert write._values(parser.parse_args(["d", "--typeset-after-writing"])) == {"typeset_while_writing": False}
+
+
+def test_a_plan_journaled_before_the_setting_is_written_as_it_was_then(monkeypatch, tmp_path):
+    """A plan folder of an earlier version holds no stop_at_sign_off: `handbook write` reads every section to its end,
+    as that version did (and as a published-preset plan must), unless the flag is given."""
+    from orchestrator.job import stepwise
+
+    monkeypatch.setattr(stepwise, "peek_job", lambda _path: ("A book", {"parts": 1, "repairs": False}, None))
+    assert stepwise.write_settings(tmp_path)[1].stop_at_sign_off is False
+    given = stepwise.write_settings(tmp_path, Settings(stop_at_sign_off=True), frozenset({"stop_at_sign_off"}))[1]
+    assert given.stop_at_sign_off is True
+    monkeypatch.setattr(stepwise, "peek_job", lambda _path: ("A book", {"stop_at_sign_off": True}, None))
+    assert stepwise.write_settings(tmp_path)[1].stop_at_sign_off is True
