@@ -40,7 +40,7 @@ _ENDED = re.compile(r"[.!?…][\"'”’)\]*_]*(?=\s)")
 # Talk to whoever asked, in the sentence itself: the writer names itself ("I hope this helps", "let me know", "feel
 # free to ask me"), or one of the sign-offs that need no pronoun. "Feel free to contact the lock keeper", "If there
 # is anything else on the bench, clear it first." and "Don't hesitate to ask the ranger" are a handbook's own.
-_TO_THE_ASKER = re.compile(r"\b(?:I|me|my|I'm|I’m|I've|I’ve)\b|\bP\.S\.|^\W*(?:happy\s+(?:reading|coding|learning|"
+_TO_THE_ASKER = re.compile(r"\b(?:I|me|my)\b|\bP\.S\.|^\W*(?:happy\s+(?:reading|coding|learning|"
                            r"writing)|thanks?(?:\s+you)?\s+for\s+reading)\b", re.IGNORECASE)
 
 
@@ -80,11 +80,10 @@ class SignOffWatch:
         if not any(c.isspace() for c in delta):  # a sentence's end is known by the space after it
             return None
         text = self._text
+        # From the last end looked at, or from just before this delta (a mark may have come before the space that ends
+        # its sentence): every end found is a new one.
         for m in _ENDED.finditer(text, max(self._checked, len(text) - len(delta) - 8)):
-            end = m.end()
-            if end <= self._checked:
-                continue
-            self._checked = end
+            end = self._checked = m.end()
             if signs_off_here(text[:end], self.min_words):
                 self.signed_off = True
                 return SIGNED_OFF

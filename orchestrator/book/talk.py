@@ -209,13 +209,13 @@ def talk_spans(text: str) -> Talk:
     """Where ``text`` talks to whoever asked for it (module docstring): at most one lead-in paragraph before anything
     is said, and the talk that ends the section, from the sentence that opens it to the end of ``text``."""
     paragraphs, content = _prose_paragraphs(text)
-    total = len(_WORD.findall(text))
+    total = words(text)
     lead: tuple[int, int] | None = None
     within: list[tuple[int, int]] = []
     said = False  # something that is not talk came before
     for start, end in paragraphs:
         said = said or any(c < start for c in content)
-        starts = [start, *(m.end() for m in _SENTENCE_END.finditer(text, start, end))]
+        starts = _sentence_starts(text, start, end)
         for k, at in enumerate(starts):
             opens = _MARKUP.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string at least
             if opens >= end or not OPENERS.match(text, opens):
@@ -225,7 +225,7 @@ def talk_spans(text: str) -> Talk:
                 # most of the section, or it would take content with it and does not open with a sign-off. Then a
                 # paragraph that is talk and nothing else goes alone, as a lead-in does ("I've covered several
                 # topics so far ... Here's a rewritten version of the text:" between two runs of the section).
-                if len(_WORD.findall(text, at)) > TAIL_SHARE * total or (
+                if words(text, at) > TAIL_SHARE * total or (
                         not SIGN_OFFS.match(text, opens) and any(c > at for c in content)):
                     if k == 0 and _all_talk(text, starts, end, strong=True) and not _introduces(text, end, content):
                         within.append((start, end))
@@ -254,7 +254,7 @@ def _introduces(text: str, end: int, content: list[int]) -> bool:
 def _all_talk(text: str, starts: list[int], end: int, strong: bool = False) -> bool:
     """A lead-in paragraph goes only when it is short and each of its sentences is talk or ends in a colon (what
     introduces the text); ``strong`` (a paragraph between content): talk that is more than a bare "I hope you ..."."""
-    if len(_WORD.findall(text, starts[0], end)) > LEAD_WORDS:
+    if words(text, starts[0], end) > LEAD_WORDS:
         return False
     bounds = [*starts[1:], end]
     for at, stop in zip(starts, bounds):
@@ -287,6 +287,11 @@ def without_talk(text: str, talk: Talk) -> str:
     return out.strip("\n")
 
 
+def _sentence_starts(text: str, start: int, end: int) -> list[int]:
+    """Where the sentences of the paragraph ``text[start:end]`` start: its start, and past each sentence's end."""
+    return [start, *(m.end() for m in _SENTENCE_END.finditer(text, start, end))]
+
+
 def signs_off(text: str, at: int) -> bool:
     """Does the sentence at ``at`` (a :class:`Talk`'s ``tail``) open with a sign-off (:data:`SIGN_OFFS`), unmistakable
     talk, rather than with a weaker opener?"""
@@ -306,5 +311,5 @@ def last_sentence(text: str) -> tuple[int, int] | None:
     if not paragraphs or paragraphs[-1][1] != len(text):
         return None
     start, end = paragraphs[-1]
-    starts = [start, *(m.end() for m in _SENTENCE_END.finditer(text, start, end) if m.end() < end)]
-    return start, _MARKUP.match(text, starts[-1]).end()  # type: ignore[union-attr]
+    at = max(s for s in _sentence_starts(text, start, end) if s < end)
+    return start, _MARKUP.match(text, at).end()  # type: ignore[union-attr]
