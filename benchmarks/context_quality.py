@@ -104,6 +104,8 @@ def measure(out: Path) -> dict:
         "tokens": stats["tokens_written"],
         "capped": stats["truncated_sections"],
         "signed_off": stats.get("signed_off_answers", 0),
+        "loops_cut": defects["looping_sections"].get("cut", 0),
+        "loops_reasked": defects["looping_sections"]["repaired"] - defects["looping_sections"].get("cut", 0),
         "whole_job_s": stats["whole_job_s"],
         "brief": outline.get("brief", ""),
     }
@@ -141,7 +143,7 @@ def excerpts(out: Path, limit: int) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     head = ("| prompt | way | sections | titles made | repeated titles | near-dup pairs (rewritten) | 5-gram share printed; generated (every 5-gram) | "
-            "python broken / checked (repaired) | talk (words) | signed off | capped | requests | tokens | whole job s | "
+            "python broken / checked (repaired) | talk (words) | signed off | loops re-asked / cut | capped | requests | tokens | whole job s | "
             "vs none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     base = {r["prompt"]: r for r in rows if r["way"] == "none"}
@@ -154,7 +156,7 @@ def table(rows: list[dict]) -> str:
             f"{r['near_duplicates']} ({r['rewritten']}) | {r['five_gram_share_printed']:.1%}; {r['five_gram_share']:.1%} ({r['five_gram_share_all']:.1%}) | "
             f"{r['python_broken']} / "
             f"{r['python_checked']} ({r['code_repaired']}) | {r['talk']} ({r['talk_words']:,}) | {r['signed_off']} | "
-            f"{r['capped']} | {r['requests']} | {r['tokens']:,} | {r['whole_job_s']:.1f} | {ratio} |")
+            f"{r['loops_reasked']} / {r['loops_cut']} | {r['capped']} | {r['requests']} | {r['tokens']:,} | {r['whole_job_s']:.1f} | {ratio} |")
     return "\n".join(lines)
 
 

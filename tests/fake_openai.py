@@ -18,6 +18,8 @@ Modes:
                (``section_chunk_delay`` between chunks), as a small model caught in a repetition loop does; at a
                temperature above 0 it is prose. ``loop_streams`` records, per looping stream, (chunks written, chunks
                it would have had): a client that stops reading early shows as fewer written
+  loops-late   like ``loops``, but the looping answer first writes its section's prose (about 160 words), then the
+               line over and over: a model that runs out of things to say
   signs-off    like ``ok``, but every section's prose is followed by a sign-off ("I hope this helps! ...") and talk
                to its max_tokens, as a chat model does; ``talk_streams`` records (chunks written, chunks in the answer)
   (every mode answers ``"stream": false`` with one chat.completion, the same text, after the same stall or delays)
@@ -121,11 +123,12 @@ class FakeServer(LocalHTTPServer):
                        headers={"Retry-After": f"{self.retry_after:g}"})
             return
         text = self._answer(req)
-        looping = self.mode == "loops" and not text.lstrip().startswith("{") and not req.get("temperature")
+        looping = (self.mode in ("loops", "loops-late") and not text.lstrip().startswith("{")
+                   and not req.get("temperature"))
         if looping:  # one line over and over, to the request's token cap (about 4 characters a token)
             line = "The cache keeps every record near the server that asked for it.\n"
             size = 4 * int(req.get("max_tokens") or 520)
-            text = (line * (size // len(line) + 1))[:size]
+            text = ((text + "\n\n" if self.mode == "loops-late" else "") + line * (size // len(line) + 1))[:size]
         talking = self.mode == "signs-off" and not text.lstrip().startswith("{")
         if talking:  # a sign-off, then talk to the request's token cap (about 4 characters a token)
             rnd = random.Random(text)

@@ -45,6 +45,7 @@ class SectionText:
     repaired_from: str | None = None
     code_repaired: tuple[str, ...] = ()  # languages whose broken blocks a re-ask repaired (job/repairs.py)
     rewritten_from: str | None = None  # the section it nearly repeated, before a re-ask made it say something else
+    loop_cut: bool = False  # ``text`` is the answer cut before its repetition loop (book/loopcut.py), not re-asked
 
     @property
     def failed(self) -> bool:

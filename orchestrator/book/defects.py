@@ -16,7 +16,8 @@ Definitions (each section's own text, as the model wrote it, is one "heading-del
   sentence).
 - looping sections: written sections whose text (the final answer, as generated) is still caught in a repetition
   loop (:func:`orchestrator.repair.loop_reason`); ``repaired`` counts the sections whose first answer looped
-  (``repaired_from`` set) and whose final answer does not.
+  (``repaired_from`` set) and whose final answer does not; ``cut``, those of them kept as what the answer said
+  before its loop began (:mod:`orchestrator.book.loopcut`; the text counted is the cut one) instead of asked again.
 - truncated sections: ``finish_reason == "length"``; empty and failed sections as the job recorded them.
 - code blocks: fenced blocks (markdown-it, so fences inside lists count), by language (first word of the info
   string, lower-cased; ``"none"`` without one); Python blocks (python, py, python3, py3) that ``ast.parse``
@@ -242,6 +243,8 @@ def _looping(written: list[SectionText]) -> dict[str, Any]:
     return {
         "count": len(looping),
         "repaired": sum(1 for s in written if s.repaired_from is not None and s.path not in still),
+        # of them, kept as what they said before the loop began (book/loopcut.py) instead of asked again
+        "cut": sum(1 for s in written if s.loop_cut and s.path not in still),
         "sections": looping[:LIST_LIMIT],
     }
 

@@ -94,7 +94,8 @@ def _rows(d: Defects) -> list[tuple[str, str]]:
         ("near-duplicate section pairs", f"{d.near_duplicate_sections['count']:,} "
                                          f"({d.near_duplicate_sections.get('repaired', 0):,} sections rewritten "
                                          "to say something else)"),
-        ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired"),
+        ("looping sections", f"{lp['count']:,} still looping; {lp['repaired']:,} repaired "
+                             f"({lp.get('cut', 0):,} of them kept cut before the loop)"),
         ("word salad (prose that stopped reading as language)",
          f"{d.word_salad['count']:,} sections; {d.word_salad['cut']:,} printed cut back before it"),
         ("assistant talk (a sign-off, a note on edits: left out of book.md)",

@@ -126,6 +126,7 @@ def save_book(job: JobInfo, written: Written, plan_levels: tuple[int, ...], jour
         t_write_end=written.t_write_end,
         t_end=t_end,
         resumed_sections=written.resumed_sections,
+        loop_cut_stopped=written.loop_cut_stopped,
         server_counted=written.server_counted,
         power=written.power,
         readers=written.readers,

@@ -26,7 +26,8 @@ _MERGE_FILES = ("sections.parquet", "books.parquet", "stats.json")
 ADDITIVE = ("books", "books_done", "books_written", "carried_over", "section_tokens", "requests_this_run",
             "tokens_written_this_run", "failed_books", "sections", "tokens_written", "requests", "planning_requests",
             "request_errors", "unusable_replies", "stopped_answers", "signed_off_answers", "planning_stopped",
-            "resumed_sections", "words", "failed_sections", "empty_sections", "truncated_sections")
+            "resumed_sections", "words", "failed_sections", "empty_sections", "truncated_sections",
+            "loop_cut_sections")
 LARGEST = ("whole_job_s",)
 
 

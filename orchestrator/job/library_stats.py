@@ -31,7 +31,8 @@ BOOK_INDEX = "book.json"  # books/<id>/book.json
 
 # a book's own counts, kept in its book.json (so that a book carried over, or assembled again from its journal with
 # no request, counts what it holds, not what its last run asked for)
-BOOK_COUNTS = ("sections", "section_tokens", "words", "failed_sections", "empty_sections", "truncated_sections")
+BOOK_COUNTS = ("sections", "section_tokens", "words", "failed_sections", "empty_sections", "truncated_sections",
+               "loop_cut_sections")
 # this run's requests, summed over the books it wrote
 RUN_COUNTS = ("tokens_written", "requests", "planning_requests", "request_errors", "unusable_replies",
               "resumed_sections", "stopped_answers", "signed_off_answers", "planning_stopped")
@@ -43,7 +44,8 @@ def book_counts(stats: dict[str, Any], tokens: int) -> dict[str, int]:
     return {"sections": int(stats.get("sections") or 0), "section_tokens": tokens,
             "words": int(stats.get("words") or 0), "failed_sections": int(stats.get("failed_sections") or 0),
             "empty_sections": int(stats.get("empty_sections") or 0),
-            "truncated_sections": int(stats.get("truncated_sections") or 0)}
+            "truncated_sections": int(stats.get("truncated_sections") or 0),
+            "loop_cut_sections": int(stats.get("loop_cut_sections") or 0)}
 
 
 @dataclass

@@ -100,6 +100,8 @@ async def repair_code(dispatcher: Dispatcher, journal: Journal, path: str, done:
              and loop_reason(new.text) is None)
     reply = replace(new, attempt=done.reply.attempt + out.attempts) if fixed else done.reply
     value["code_repair"] = {"languages": languages, "repaired": fixed}
+    if fixed:
+        value.pop("loop_cut", None)  # the new text is a whole answer, not one cut before its loop
     journal.record(path, NodeKind.SECTION, done.title, reply, reply.attempt, value)
     return reply, value
 
@@ -158,6 +160,8 @@ async def repair_duplicates(dispatcher: Dispatcher, journal: Journal, sections: 
         fixed = (new.ok and new.text.strip() != "" and loop_reason(new.text) is None and not other.repeats(new.text))
         reply = replace(new, attempt=done.reply.attempt + out.attempts) if fixed else done.reply
         value = {**done.value, "dedupe": {"of": other.path, "repaired": fixed}}
+        if fixed:
+            value.pop("loop_cut", None)  # the new text is a whole answer, not one cut before its loop
         journal.record(path, NodeKind.SECTION, done.title, reply, reply.attempt, value)
         # the re-ask's attempt is over (the views close it) and the section has the text it keeps
         dispatcher.emit(NodeFinished(path, NodeKind.SECTION, done.title, reply, time.monotonic()))
@@ -166,7 +170,7 @@ async def repair_duplicates(dispatcher: Dispatcher, journal: Journal, sections: 
             old = sections[path]
             sections[path] = replace(old, text=new.text, finish_reason=new.finish_reason,
                                      completion_tokens=new.completion_tokens, backend=new.backend or old.backend,
-                                     rewritten_from=other.path)
+                                     rewritten_from=other.path, loop_cut=False)
 
     async with anyio.create_task_group() as tg:
         for path, other in partner.items():
@@ -206,6 +210,7 @@ def repair_notes(value: Mapping[str, Any]) -> dict[str, Any]:
         "repaired_from": value.get("repaired_from"),
         "code_repaired": tuple(code.get("languages", ())) if code.get("repaired") else (),
         "rewritten_from": dedupe.get("of") if dedupe.get("repaired") else None,
+        "loop_cut": bool(value.get("loop_cut")),
     }
 
 

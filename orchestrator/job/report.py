@@ -43,6 +43,7 @@ class JobRecord:
     t_write_end: float | None
     t_end: float
     resumed_sections: int = 0
+    loop_cut_stopped: int = 0  # Written.loop_cut_stopped: STOPPED answers kept that did not sign off
     server_counted: dict[str, Any] | None = None
     power: dict[str, Any] | None = None  # metrics.power_figures over the writing (None: nothing was written)
     readers: dict[str, Any] | None = None  # metrics.readers over the writing (None: nothing was written)
@@ -114,7 +115,10 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         # (BackendClient._stopped)
         "stopped_answers": sum(1 for k, r in rec.replies if r.finish_reason == STOPPED and k not in planning),
         "signed_off_answers": sum(1 for k, r in rec.replies
-                                  if r.finish_reason == STOPPED and r.ok and k not in planning),
+                                  if r.finish_reason == STOPPED and r.ok and k not in planning) - rec.loop_cut_stopped,
+        # sections kept as what they said before a repetition loop, cut there where they would have been asked
+        # again (book/loopcut.py): in the book, those resumed from the journal too
+        "loop_cut_sections": sum(1 for s in book.sections if s.loop_cut),
         # planning replies read until their list was complete, then stopped (planning/stream.Expansion.watch): answers,
         # in requests and planning_requests, not in request_errors; tokens counted as stopped_answers' are
         "planning_stopped": sum(1 for r in plan_replies if r.finish_reason == STOPPED),

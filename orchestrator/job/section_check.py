@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from ..book.checks import LoopWatch, loop_reason, norm_title
+from ..book.loopcut import loop_cut
 from ..book.signoff import SignOffWatch
 from ..core.config import Settings
 from ..core.reply import STOPPED, Reply
@@ -31,12 +32,17 @@ class SectionCheck:
     * With ``sign_off_words`` set (Settings.stop_at_sign_off), every attempt's stream is also read by a
       :class:`~orchestrator.book.signoff.SignOffWatch`: an answer that signs off to whoever asked, after at least
       that many words, is stopped there and accepted as the section (book.md leaves the sign-off out), where the
-      model would have talked on, up to its token cap."""
+      model would have talked on, up to its token cap.
+    * With ``keep_words`` set, an answer that loops is first cut before its loop (:func:`~orchestrator.book.loopcut.
+      loop_cut`): when what it said before the loop holds at least that many words and loops no more, it is kept as
+      the section (the value's ``loop_cut`` is the offset; the Writer prints ``kept_before_loop``), where the first
+      answer would have been asked again and the re-ask printed looping."""
 
-    def __init__(self, title: str, sign_off_words: int | None = None):
+    def __init__(self, title: str, sign_off_words: int | None = None, keep_words: int | None = None):
         self.want = norm_title(title)
         self.loop: str | None = None  # why the first answer looped, once it did
         self.sign_off_words = sign_off_words
+        self.keep_words = keep_words
         self._sign_off: SignOffWatch | None = None  # the watch of the attempt under way
 
     def watcher(self) -> Callable[[str], str | None] | None:
@@ -47,22 +53,33 @@ class SectionCheck:
             return loop or self._sign_off
         return partial(_either, loop, self._sign_off)
 
-    def __call__(self, reply: Reply) -> dict[str, str | None]:
+    def __call__(self, reply: Reply) -> dict[str, Any]:
         if reply.finish_reason == STOPPED and not (self._sign_off is not None and self._sign_off.signed_off):
             # a LoopWatch stopped it: the text so far loops
-            self.loop = self.loop or loop_reason(reply.text) or "a repetition loop caught while streaming"
+            caught = loop_reason(reply.text) or "a repetition loop caught while streaming"
+            if (kept := self._cut(reply.text, caught)) is not None:
+                return kept
+            self.loop = self.loop or caught
             raise ValueError(f"repetition loop ({self.loop}) caught while streaming: asked again with stronger "
                              "anti-repetition settings")
         if not any(s and norm_title(s) != self.want
                    for s in (line.strip().strip("#*_=- ").strip() for line in reply.text.splitlines())):
             raise ValueError("the reply only repeats the section heading")
+        if (why := loop_reason(reply.text)) and (kept := self._cut(reply.text, why)) is not None:
+            return kept
         if self.loop is None:
-            why = loop_reason(reply.text)
             if why:
                 self.loop = why
                 raise ValueError(f"repetition loop ({why}): asked again with stronger anti-repetition settings")
             return {"repaired_from": None, "loop": None}
-        return {"repaired_from": self.loop, "loop": loop_reason(reply.text)}
+        return {"repaired_from": self.loop, "loop": why}
+
+    def _cut(self, text: str, why: str) -> dict[str, Any] | None:
+        """The value of an answer kept cut before its loop (``why``), or None when it cannot be (too little before
+        it, or none of these checks asked)."""
+        if self.keep_words is None or (at := loop_cut(text, self.keep_words)) is None:
+            return None
+        return {"repaired_from": self.loop or why, "loop": None, "loop_cut": at}
 
 
 def _either(loop: LoopWatch, sign_off: SignOffWatch, delta: str) -> str | None:

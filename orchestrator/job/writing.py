@@ -22,12 +22,13 @@ import anyio.abc
 
 from ..book.assemble import SectionText
 from ..book.crossdup import CrossIndex
+from ..book.loopcut import kept_before_loop
 from ..core.config import Settings
 from ..core.errors import Interrupted
 from ..core.events import Event, LevelPlanned, NodeFinished, OutlineReady
 from ..core.outline import Outline, SectionRef
 from ..core.profiles import Profile
-from ..core.reply import Reply
+from ..core.reply import STOPPED, Reply
 from ..core.states import NodeKind, Stop
 from ..dispatch.dispatcher import Dispatcher
 from ..dispatch.fleet import Fleet
@@ -72,6 +73,7 @@ class Written:
     all_down_error: str | None = None
     power: dict[str, Any] | None = None  # the GPUs' power over the writing (metrics.power_figures; None: not written)
     readers: dict[str, Any] | None = None  # what each reader got over the writing (metrics.readers; None: not written)
+    loop_cut_stopped: int = 0  # answers stopped as they streamed for a loop and kept cut before it (not signed off)
 
 
 # a library book's server-counted figures: the fleet's counters count every book of the library at once
@@ -117,6 +119,7 @@ class Writer:
         self.rewritten = 0  # near-duplicate sections asked again
         self.library_index: CrossIndex | None = None  # a library's finished books, with --dedupe reask
         self.resumed_sections = 0
+        self.loop_cut_stopped = 0
         self.t_write_start: float | None = None
         self.t_write_end: float | None = None
         # told of every section stored (written, failed or resumed): typesetting while writing
@@ -183,6 +186,7 @@ class Writer:
             replies=tuple(dispatcher.replies),
             requests=dispatcher.requests,
             resumed_sections=self.resumed_sections,
+            loop_cut_stopped=self.loop_cut_stopped,
             t_titles=t_titles,
             t_write_start=self.t_write_start,
             t_write_end=self.t_write_end,
@@ -219,7 +223,7 @@ class Writer:
         max_tokens = settings.max_tokens_for(words)
         context = section_context(ref, settings, words, profile)
         messages = profile.messages(section_text(ref, settings, profile, words))
-        check = SectionCheck(ref.title, words // 3 if settings.stop_at_sign_off else None)
+        check = SectionCheck(ref.title, words // 3 if settings.stop_at_sign_off else None, keep_words=words // 2)
         stream = settings.streams_sections(dispatcher.wants_deltas)
 
         def build(client: BackendClient, attempt: int) -> dict:
@@ -242,9 +246,10 @@ class Writer:
         )
         r = outcome.reply
         value = {**(outcome.value or {}), "context": context}
+        r, value = self._cut_at_loop(ref, outcome.attempts, r, value)
         if outcome.attempts == 0:
             self.resumed_sections += 1
-        elif r.ok and r.finish_reason == "length" and settings.finish_truncated:
+        elif r.ok and r.finish_reason == "length" and settings.finish_truncated and "loop_cut" not in value:
             r = await self._finish(dispatcher, ref, messages, r, value)
         if r.ok and (settings.repairs or self.library_index is not None):  # kept for the re-asks of job/repairs.py
             done = Accepted(ref.title, r, value, tuple(messages), max_tokens)
@@ -269,6 +274,20 @@ class Writer:
             self.on_section(self.sections[ref.path])
         if outcome.attempts:
             self.t_write_end = time.monotonic()
+
+    def _cut_at_loop(self, ref: SectionRef, attempts: int, r: Reply, value: dict[str, Any]
+                     ) -> tuple[Reply, dict[str, Any]]:
+        """A section SectionCheck kept as what it said before its loop (value ``loop_cut``: the offset in the
+        answer as generated) as it is kept: cut there, and journaled cut (``loop_cut`` True), so that a resumed run,
+        a repair and the book all see the cut text. As it was otherwise."""
+        cut = value.get("loop_cut") if r.ok else None
+        if type(cut) is not int:
+            return r, value
+        self.loop_cut_stopped += attempts > 0 and r.finish_reason == STOPPED
+        r = replace(r, text=kept_before_loop(r.text, cut))
+        value = {**value, "loop_cut": True}
+        self.journal.record(ref.path, NodeKind.SECTION, ref.title, r, r.attempt, value)
+        return r, value
 
     async def _repair_duplicates(self, dispatcher: Dispatcher, plan_only: bool) -> None:
         """Once every section is in: the later section of each near-duplicate pair is asked again (job/repairs.py)."""

@@ -184,7 +184,8 @@ def test_markdown_report_shows_counts_and_first_lines():
     assert f"| unterminated blocks | {exp['unterminated']} of {exp['of']} (" in md
     assert "| failed sections | 1 |" in md
     assert f"| unterminated blocks as printed in book.md | {exp['printed_unterminated']} of {exp['of']} (" in md
-    assert f"| looping sections | {exp['looping']} still looping; {exp['repaired']} repaired |" in md
+    assert (f"| looping sections | {exp['looping']} still looping; {exp['repaired']} repaired (0 of them kept cut "
+            "before the loop) |") in md
     assert "## Looping sections" in md and "Repair failed" in md
     assert "## Unterminated blocks" in md and "It just stops" in md
     assert "## Near-duplicate sections" in md and "Copies A" in md
@@ -202,7 +203,7 @@ def test_clean_book_has_no_defects():
     assert j["code_blocks"]["python_syntax_errors"]["count"] == 0
     assert j["code_blocks"]["unclosed_fences"]["count"] == 0
     assert j["near_duplicate_sections"]["count"] == 0
-    assert j["looping_sections"] == {"count": 0, "repaired": 0, "sections": []}
+    assert j["looping_sections"] == {"count": 0, "repaired": 0, "cut": 0, "sections": []}
     assert j["unterminated_blocks"]["printed"]["count"] == 0
     for key in ("truncated_sections", "empty_sections", "failed_sections"):
         assert j[key] == {"count": 0, "sections": []}

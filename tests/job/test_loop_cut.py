@@ -1,0 +1,121 @@
+"""A section that loops after saying enough is kept as what it said before the loop, not asked again
+(book/loopcut.py, SectionCheck's keep_words, Writer._cut_at_loop).
+
+The server is tests/fake_openai.FakeServer in mode "loops-late": every section asked at temperature 0 writes its
+prose (about 160 words), then one line over and over to its max_tokens; a re-ask (temperature 0.7) gets prose."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from cli_run import handbook
+from fake_openai import FakeServer
+
+from orchestrator.book.checks import loop_reason
+from orchestrator.book.loopcut import kept_before_loop, loop_cut, loop_start
+from orchestrator.book.talk import words
+from orchestrator.core.reply import STOPPED, Reply
+from orchestrator.job.section_check import SectionCheck
+
+ARGS = ["--parts", "1", "--chapters", "2", "--sections", "3", "--max-tokens", "400", "--format", "md",
+        "--context", "none", "--no-distinct-titles"]
+
+PROSE = ("A river's basin is the land that drains into it. Rain that falls anywhere in the basin reaches the river in "
+         "the end, through streams, soil or groundwater.\n\nThat is why a river carries the history of its whole "
+         "basin: the salt of its fields, the silt of its hills and the waste of its towns.\n\n"
+         "Gauges measure a river's level several times an hour. A hydrologist turns those readings into discharge "
+         "with a rating curve, fitted from occasional measurements of velocity across the channel.\n\n")
+LINE = "The cache keeps every record near the server that asked for it.\n"
+
+
+def _reply(text: str, finish: str = "length", attempt: int = 1) -> Reply:
+    return Reply(text=text, finish_reason=finish, prompt_tokens=1, completion_tokens=len(text) // 4, backend="b",
+                 t_start=0.0, t_first=0.1, t_end=0.2, attempt=attempt)
+
+
+def test_the_loop_starts_where_its_unit_is_written_the_second_time():
+    assert loop_start(PROSE + LINE * 9) == len(PROSE) + len(LINE)
+    para = ("The Danube rises in the Black Forest and reaches the Black Sea after crossing ten countries, more than "
+            "any other river in the world, and its delta is a maze of channels.\n\n")
+    assert loop_start(PROSE + para * 3) == len(PROSE) + len(para)  # a paragraph, twice
+    run = "the river carries the silt of its hills down to the sea and "
+    text = PROSE + "In the end " + run * 10
+    assert loop_start(text) == len(PROSE) + len("In the end ") + len(run)  # a sentence looping in its paragraph
+    numbered = "".join(f"- Gauge {i} reads the level at the bridge.\n" for i in range(1, 9))
+    assert loop_start(PROSE + numbered) == len(PROSE) + len(numbered.split("\n")[0]) + 1
+    code = "```python\ntotal = 0\n" + "total = total + reading\n" * 6 + "```\n"
+    assert loop_start(PROSE + code) == len(PROSE) + len("```python\ntotal = 0\ntotal = total + reading\n")
+
+
+def test_what_repeats_as_prose_may_is_no_loop():
+    lead_ins = "For example:\n\nThe gauge reads the level.\n\nFor example:\n\nThe curve turns it into discharge.\n"
+    short = "## Summary\n\n" + PROSE + "## Summary\n\n"
+    for text in (PROSE, PROSE + lead_ins, short, PROSE + "```python\nx = 1\ny = 2\nx = 1\n```\n"):
+        assert loop_start(text) is None, text
+
+
+def test_what_is_kept_is_whole_loop_free_and_long_enough():
+    text = PROSE + LINE * 9
+    at = loop_cut(text, 40)
+    assert at is not None
+    kept = kept_before_loop(text, at)
+    assert kept == (PROSE + LINE).rstrip() and loop_reason(kept) is None and words(kept) >= 40
+    assert loop_cut(text, words(kept) + 1) is None  # too little before the loop: asked again
+    assert loop_cut(LINE * 12, 12) == len(LINE) and loop_cut(LINE * 12, 13) is None  # 12 words before the loop
+    assert loop_cut(PROSE, 1) is None  # nothing loops: nothing to cut
+    # a loop inside a code block: the block is kept to its loop and closed, where the code before it stands alone
+    code = "```js\nlet total = 0\n" + "total = total + reading(gauge)\n" * 8
+    at = loop_cut(PROSE + code, 40)
+    assert at is not None and kept_before_loop(PROSE + code, at) == PROSE + "```js\nlet total = 0\ntotal = total + reading(gauge)\n```"
+    assert kept_before_loop("no sentence end here at all", 10) == ""
+
+
+def test_the_check_keeps_a_long_enough_answer_cut_and_asks_a_short_one_again():
+    check = SectionCheck("Rivers", keep_words=40)
+    assert check(_reply(PROSE + LINE * 9, STOPPED)) == {
+        "repaired_from": loop_reason(PROSE + LINE * 9), "loop": None, "loop_cut": len(PROSE) + len(LINE)}
+    assert check.loop is None  # nothing was asked again
+    short = SectionCheck("Rivers", keep_words=words(PROSE) + 20)
+    with pytest.raises(ValueError, match="caught while streaming"):
+        short(_reply(PROSE + LINE * 9, STOPPED))
+    # its re-ask loops too, after enough: cut as well, where it was printed looping before
+    more = ("Floods are not always disasters. On the lower Loire, spring water spreads over meadows that farmers "
+            "leave unploughed, and the silt it leaves behind keeps them fertile.\n\n")
+    value = short(_reply(PROSE + more + LINE * 9, "length", attempt=2))
+    assert value["loop_cut"] == len(PROSE + more + LINE) and value["repaired_from"] == short.loop
+    unwatched = SectionCheck("Rivers")  # keep_words None: as before, asked again
+    with pytest.raises(ValueError, match="repetition loop"):
+        unwatched(_reply(PROSE + LINE * 9))
+
+
+@pytest.mark.parametrize("stream", ["always", "never"])
+def test_a_section_that_loops_late_is_kept_cut_and_a_rerun_asks_nothing(tmp_path, stream):
+    out = tmp_path / "book"
+    args = ["A handbook of rivers", *ARGS, "--out", str(out), "--stream-sections", stream]
+    with FakeServer("loops-late", section_chunk_delay=0.005) as srv:
+        proc = handbook(*args, "--backend", srv.url)
+        assert proc.returncode == 0, proc.stderr
+        stats = json.loads((out / "stats.json").read_text())
+        defects = json.loads((out / "defects.json").read_text())
+        book = (out / "book.md").read_text()
+        n = stats["sections"]
+        assert n == 6 and stats["failed_sections"] == 0 and stats["empty_sections"] == 0
+        # no section was asked again: each was kept as its prose and the loop line's first time
+        assert stats["requests"] == stats["planning_requests"] + n and stats["request_errors"] == 0
+        assert stats["loop_cut_sections"] == n and stats["signed_off_answers"] == 0
+        assert stats["stopped_answers"] == (n if stream == "always" else 0)
+        assert defects["looping_sections"] == {"count": 0, "repaired": n, "cut": n, "sections": []}
+        assert book.count(LINE.strip()) == n and book.count("Point 8 of this section") == n
+        if stream == "always":  # dropped at the line's third time, not read to the 400-token cap
+            assert all(written < total for written, total in srv.loop_streams), srv.loop_streams
+        with sqlite3.connect(out / "journal.sqlite") as db:  # the journal keeps the cut text, marked as cut
+            rows = db.execute("SELECT text, value FROM nodes WHERE kind = 'section'").fetchall()
+        assert len(rows) == n and all(text.count(LINE.strip()) == 1 and json.loads(value)["loop_cut"] is True
+                                      for text, value in rows)
+        again = handbook(*args, "--backend", srv.url)
+        assert again.returncode == 0, again.stderr
+    rerun = json.loads((out / "stats.json").read_text())
+    assert rerun["resumed_sections"] == n and rerun["requests"] == 0 and rerun["loop_cut_sections"] == n
+    assert (out / "book.md").read_text() == book
