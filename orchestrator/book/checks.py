@@ -3,7 +3,8 @@
 Pure: no I/O, no clock. Two questions:
 
 - :func:`loop_reason`: is a section caught in a repetition loop (a small model at temperature 0 writing the same
-  line until the token cap)? The runner asks again once when it is; defects count what still loops.
+  line until the token cap)? The runner keeps what it said before the loop when that is enough
+  (:mod:`.loopcut`), else asks again once; defects count what still loops.
 - :func:`title_debris`: is an outline title debris (the prompt echoed back, markup, numbering, a date, a file
   name, a copy of a parent) rather than a title?
 
@@ -189,10 +190,10 @@ WATCH_RATIO = 0.35
 
 class LoopWatch:
     """:func:`loop_reason` of an answer as it streams in, fed one delta at a time (``BackendClient.chat``'s
-    ``stop_when``): the reason as soon as the text so far loops, else None. A section caught in a loop is then asked
-    again at once, where waiting for its token cap would spend the rest of the cap on the loop (on the embedded
-    engine, the 12 of 18 jobs of benchmarks/context_quality.py that had a loop re-ask all ended with one, 69-86 s in,
-    where the six without ended at 46-68 s).
+    ``stop_when``): the reason as soon as the text so far loops, else None. A section caught in a loop is then kept
+    cut before it (:mod:`.loopcut`) or asked again at once, where waiting for its token cap would spend the rest of
+    the cap on the loop (on the embedded engine, the 12 of 18 jobs of benchmarks/context_quality.py that had a loop
+    re-ask all ended with one, 69-86 s in, where the six without ended at 46-68 s).
 
     A whole check costs about 0.25 ms for a 2,000-character section, so it runs only where a loop can have begun:
     when a completed prose line has recurred as often as a line rule needs (3 times, or twice for a paragraph of

@@ -23,8 +23,10 @@ from .checks import (
     CODE_LINE_MIN_WORDS,
     CODE_LINE_REPEATS,
     LINE_MIN_WORDS,
+    LINE_REPEATS,
     NUMBERED_LINE_REPEATS,
     PARAGRAPH_WORDS,
+    RUN_REPEATS,
     RUN_WORDS,
     SHORT_LINE_REPEATS,
     loop_reason,
@@ -68,10 +70,13 @@ def _lines(text: str) -> list[tuple[int, str, bool]]:
 def loop_start(text: str) -> int | None:
     """The offset in ``text`` where its repetition begins, None when nothing in it repeats as a loop does.
 
-    The earliest of: the second occurrence of a prose line of 4+ words (not a lead-in) or of a paragraph; of a
-    shorter line written 6+ times; of a line written 6+ times with only its numbers changed; of a code or table line
-    of 3+ words written 4+ times; of a 12-word run of prose. The first occurrence is the section's own; what follows
-    the second is the loop."""
+    Only a unit written as often as :func:`.checks.loop_reason` needs to call it a loop counts, and the loop starts
+    where it is written the second time (the first is the section's own): the earliest of the second occurrence of a
+    paragraph written twice; of a prose line of 4+ words (not a lead-in) written 3+ times; of a shorter line written
+    6+ times; of a line written 6+ times with only its numbers changed; of a code or table line of 3+ words written
+    4+ times; of a 12-word run of prose written 4+ times. A unit the section legitimately writes twice (a list item
+    restated in a summary, a title named again, "Here is a small example that puts X into practice:") is no loop's
+    start."""
     lines = _lines(text)
     prose = [(at, _norm(line)) for at, line, code in lines if not code]
     prose = [(at, n) for at, n in prose if _ALNUM.search(n)]
@@ -93,8 +98,10 @@ def loop_start(text: str) -> int | None:
 
     def prose_loops(n: str, _k: str) -> bool:
         w = len(_WORD.findall(n))
-        if w >= PARAGRAPH_WORDS or (w >= LINE_MIN_WORDS and not n.rstrip("*_ ").endswith(":")):
+        if w >= PARAGRAPH_WORDS:
             return counts[n] >= 2
+        if w >= LINE_MIN_WORDS and not n.rstrip("*_ ").endswith(":"):
+            return counts[n] >= LINE_REPEATS
         return counts[n] >= SHORT_LINE_REPEATS
 
     second(prose, lambda n: n, prose_loops)
@@ -108,18 +115,22 @@ def loop_start(text: str) -> int | None:
 
 
 def _run_start(text: str, prose_lines: list[int]) -> int | None:
-    """Where a 12-word run of prose is written the second time (a sentence looping within one paragraph)."""
+    """Where a 12-word run of prose written 4+ times is written the second time (a sentence looping within one
+    paragraph)."""
     found: list[tuple[int, str]] = []  # (offset, word) over the prose lines
     for at in prose_lines:
         end = text.find("\n", at)
         line = text[at : len(text) if end < 0 else end]
         found.extend((at + m.start(), m.group().lower()) for m in _WORD.finditer(line))
+    keys = [w for _, w in found]
+    runs = [tuple(keys[i : i + RUN_WORDS]) for i in range(len(keys) - RUN_WORDS + 1)]
+    counts = Counter(runs)
     seen: set[tuple[str, ...]] = set()
-    for i in range(len(found) - RUN_WORDS + 1):
-        run = tuple(w for _, w in found[i : i + RUN_WORDS])
-        if run in seen:
-            return found[i][0]
-        seen.add(run)
+    for i, run in enumerate(runs):
+        if counts[run] >= RUN_REPEATS:
+            if run in seen:
+                return found[i][0]
+            seen.add(run)
     return None
 
 

@@ -110,7 +110,8 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         "unusable_replies": sum(1 for _, r in rec.replies if r.unusable),
         # section answers stopped as they streamed, in requests: one caught in a repetition loop, and one that
         # signed off that the check still refused (a loop in it), asked again at once (in request_errors); one that
-        # signed off and was kept (signed_off_answers). Their tokens, in tokens_written, are the usage of the last
+        # signed off and was kept (signed_off_answers); one caught in a loop and kept cut before it (in
+        # loop_cut_sections, not in signed_off_answers). Their tokens, in tokens_written, are the usage of the last
         # chunk read (a watched stream asks for continuous usage stats), else one a content delta read
         # (BackendClient._stopped)
         "stopped_answers": sum(1 for k, r in rec.replies if r.finish_reason == STOPPED and k not in planning),

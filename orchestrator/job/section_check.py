@@ -21,14 +21,15 @@ class SectionCheck:
 
     * A reply that holds nothing but headings repeating its own title (a small model printing the heading and
       stopping) is empty: asked again like an empty answer.
-    * A reply caught in a repetition loop (repair.loop_reason) is asked again once, with the profile's stronger
-      anti-repetition settings (``build`` sees ``loop`` set); what the re-ask gives is kept even if it loops
-      too, and defects.json reports it. The value is ``{"repaired_from": why, "loop": why the accepted text still
+    * A reply caught in a repetition loop (checks.loop_reason) is kept cut before its loop when it can be
+      (``keep_words``, below); else asked again once, with the profile's stronger anti-repetition settings (``build``
+      sees ``loop`` set), and what the re-ask gives is kept even if it loops too (cut before its loop where it can
+      be), and defects.json reports it. The value is ``{"repaired_from": why, "loop": why the accepted text still
       loops, or None}`` (journaled with the section; the Writer seeds ``SectionText.loop`` with it).
     * :meth:`watcher` gives the first answer's stream a :class:`~orchestrator.book.checks.LoopWatch`: a loop is
       caught as it streams, the stream stopped (finish_reason ``STOPPED``) and the re-ask sent at once, where the
-      token cap would have let the loop run on. An answer stopped for a loop is never accepted. The re-ask is not
-      watched for loops: what it gives is kept, as above.
+      token cap would have let the loop run on. An answer stopped for a loop is accepted only cut before its loop.
+      The re-ask is not watched for loops: what it gives is kept, as above.
     * With ``sign_off_words`` set (Settings.stop_at_sign_off), every attempt's stream is also read by a
       :class:`~orchestrator.book.signoff.SignOffWatch`: an answer that signs off to whoever asked, after at least
       that many words, is stopped there and accepted as the section (book.md leaves the sign-off out), where the

@@ -223,7 +223,8 @@ class Writer:
         max_tokens = settings.max_tokens_for(words)
         context = section_context(ref, settings, words, profile)
         messages = profile.messages(section_text(ref, settings, profile, words))
-        check = SectionCheck(ref.title, words // 3 if settings.stop_at_sign_off else None, keep_words=words // 2)
+        check = SectionCheck(ref.title, words // 3 if settings.stop_at_sign_off else None,
+                             keep_words=max(1, words // 2))
         stream = settings.streams_sections(dispatcher.wants_deltas)
 
         def build(client: BackendClient, attempt: int) -> dict:

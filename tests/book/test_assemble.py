@@ -40,7 +40,7 @@ def test_assemble_places_every_section_in_outline_order():
 def test_section_text_fields_keep_their_order_and_the_repairs_come_last():
     names = [f.name for f in dataclasses.fields(SectionText)]
     assert names == ["path", "part", "chapter", "title", "text", "finish_reason", "completion_tokens", "backend",
-                     "error", "repaired_from", "code_repaired", "rewritten_from"]
+                     "error", "repaired_from", "code_repaired", "rewritten_from", "loop_cut"]
     s = SectionText("1.1.1", "P", "C", "T", "x")
     assert s.repaired_from is None
     assert dataclasses.replace(s, repaired_from="loop: line repeated 5 times").repaired_from.startswith("loop")

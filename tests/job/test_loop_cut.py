@@ -56,6 +56,20 @@ def test_what_repeats_as_prose_may_is_no_loop():
         assert loop_start(text) is None, text
 
 
+def test_a_unit_written_twice_before_the_loop_is_not_where_it_starts():
+    """Only a unit written as often as loop_reason needs counts: a list item restated, a title named twice and a
+    12-word lead-in used twice are the section's own, and the cut keeps them and what follows."""
+    item = "- Faster responses for repeated requests\n"
+    lead = "Here is a small example that puts the rating curve into practice:\n\n"
+    title = "how a distributed cache keeps data consistent across many servers at once"
+    before = (f"This section explains {title}. " + PROSE + "Pros:\n\n" + item + "- Less load on the gauge\n\n" + lead
+              + "In short:\n\n" + item + "\n" + lead + f"To sum up, we saw {title}.\n\n")
+    for loop in (LINE * 8, "In practice " + "the cache keeps the record near the server that asked for it and " * 8):
+        at = loop_start(before + loop)
+        assert at is not None and at > len(before), loop
+        assert kept_before_loop(before + loop, at).startswith(before.rstrip())
+
+
 def test_what_is_kept_is_whole_loop_free_and_long_enough():
     text = PROSE + LINE * 9
     at = loop_cut(text, 40)
