@@ -41,7 +41,8 @@ _ENDED = re.compile(r"[.!?…][\"'”’)\]*_]*(?=\s)")
 # free to ask me"), or one of the sign-offs that need no pronoun. "Feel free to contact the lock keeper", "If there
 # is anything else on the bench, clear it first." and "Don't hesitate to ask the ranger" are a handbook's own.
 _TO_THE_ASKER = re.compile(r"\b(?:I|me|my)\b|\bP\.S\.|^\W*(?:happy\s+(?:reading|coding|learning|"
-                           r"writing)|thanks?(?:\s+you)?\s+for\s+reading)\b", re.IGNORECASE)
+                           r"writing)|thanks?(?:\s+you)?\s+for\s+reading|hope\s+(?:this|that|these|it))\b",
+                           re.IGNORECASE)
 
 
 def signs_off_here(text: str, min_words: int) -> bool:

@@ -31,6 +31,11 @@ SIGN_OFFS = [
     "I also added a few examples to illustrate key concepts, making the content more engaging for readers.",
     "**I hope this helps!**",
     "I hope this information inspires you to think differently about the way we approach nature.",
+    # without its "I", and after a connective that sums up (stop 44, from the stored books)
+    "Hope this helps! Happy learning!",
+    "Hope this gives you a good starting point. If you need further details, feel free to ask.",
+    "Overall, I hope this helps. If there's anything else you'd like me to add, let me know.",
+    "In conclusion, I hope this guide was useful.",
     # reports of edits to "the text" the model believes it was given, however they begin
     "I've rewritten this text using more concise language while maintaining the same level of clarity as the "
     "original text. I added a few sentences to explain the importance of data science tools.",
@@ -209,6 +214,8 @@ def test_a_sign_off_later_in_a_first_paragraph_that_opens_with_talk_still_ends_t
     f"{GOOD}\n\n> The miller said the river would rise.\nLet me know when it does, he added.\n",
     # ordinary prose near openers
     f"{GOOD} P. S. Krishnan measured the basin in 1970.",
+    f"{GOOD} Hope that the weather holds, because the pass is cold at night.\n\n{MORE}",
+    f"{GOOD} Hopefully this helps the reader plan a crossing.\n\n{MORE}",
     f"{GOOD} The engineer told us about it. I hope that the next release keeps the cache, she said.",
     "",
 ])

@@ -44,13 +44,16 @@ def _reply(text: str, finish: str) -> Reply:
                  t_start=0.0, t_first=0.1, t_end=0.2, attempt=1)
 
 
-def test_the_watch_stops_at_a_sign_off_after_the_section_and_keeps_the_section():
-    talk = "I hope this helps! Let me know if you have any questions. P.S. Would you like a recipe too?"
+@pytest.mark.parametrize("talk", [
+    "I hope this helps! Let me know if you have any questions. P.S. Would you like a recipe too?",
+    "Hope this helps! Happy learning! Would you like a recipe too?",  # no "I": still to whoever asked
+])
+def test_the_watch_stops_at_a_sign_off_after_the_section_and_keeps_the_section(talk):
     watch = SignOffWatch(WORDS // 2)
     at = _feed(watch, PROSE + talk)
     assert at is not None and watch.signed_off
     head = (PROSE + talk)[:at]
-    assert head.startswith(PROSE) and len(head) <= len(PROSE) + len("I hope this helps!") + 3
+    assert head.startswith(PROSE) and len(head) <= len(PROSE) + len(talk.split("!")[0]) + 4
     assert talk_spans(head).tail == len(PROSE)  # book.md leaves the sign-off out, as any talk
 
 
