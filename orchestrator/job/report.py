@@ -104,25 +104,7 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
         # --dedupe reask) or --finish-truncated's continuation; in requests and tokens_written, not in section_tokens
         "reask_requests": len(reask_replies),
         "reask_tokens": sum(r.completion_tokens for r in reask_replies),
-        "request_errors": sum(1 for _, r in rec.replies if not r.ok),
-        # of them, answers a check of ours refused (Reply.unusable: a planning list it could not use, a section caught
-        # in a loop), each asked again: the backend did its part (per_backend's errors leave them out)
-        "unusable_replies": sum(1 for _, r in rec.replies if r.unusable),
-        # section answers stopped as they streamed, in requests: one caught in a repetition loop, and one that
-        # signed off that the check still refused (a loop in it), asked again at once (in request_errors); one that
-        # signed off and was kept (signed_off_answers); one caught in a loop and kept cut before it (in
-        # loop_cut_sections, not in signed_off_answers). Their tokens, in tokens_written, are the usage of the last
-        # chunk read (a watched stream asks for continuous usage stats), else one a content delta read
-        # (BackendClient._stopped)
-        "stopped_answers": sum(1 for k, r in rec.replies if r.finish_reason == STOPPED and k not in planning),
-        "signed_off_answers": sum(1 for k, r in rec.replies
-                                  if r.finish_reason == STOPPED and r.ok and k not in planning) - rec.loop_cut_stopped,
-        # sections kept as what they said before a repetition loop, cut there where they would have been asked
-        # again (book/loopcut.py): in the book, those resumed from the journal too
-        "loop_cut_sections": sum(1 for s in book.sections if s.loop_cut),
-        # planning replies read until their list was complete, then stopped (planning/stream.Expansion.watch): answers,
-        # in requests and planning_requests, not in request_errors; tokens counted as stopped_answers' are
-        "planning_stopped": sum(1 for r in plan_replies if r.finish_reason == STOPPED),
+        **_answer_counts(rec, planning, plan_replies),
         "failed_sections": len(failed),
         "interrupted_sections": len(interrupted),
         "empty_sections": len(empty),
@@ -142,6 +124,31 @@ def build_stats(rec: JobRecord) -> dict[str, Any]:
     if rec.forecast is not None:
         stats["forecast"] = {**rec.forecast, "error": forecast_error(rec.forecast, stats)}
     return stats
+
+
+def _answer_counts(rec: JobRecord, planning: set[str], plan_replies: list[Reply]) -> dict[str, int]:
+    """stats.json's counts of how answers ended: refused, stopped as they streamed, signed off, cut before a loop."""
+    return {
+        "request_errors": sum(1 for _, r in rec.replies if not r.ok),
+        # of them, answers a check of ours refused (Reply.unusable: a planning list it could not use, a section caught
+        # in a loop), each asked again: the backend did its part (per_backend's errors leave them out)
+        "unusable_replies": sum(1 for _, r in rec.replies if r.unusable),
+        # section answers stopped as they streamed, in requests: one caught in a repetition loop, and one that
+        # signed off that the check still refused (a loop in it), asked again at once (in request_errors); one that
+        # signed off and was kept (signed_off_answers); one caught in a loop and kept cut before it (in
+        # loop_cut_sections, not in signed_off_answers). Their tokens, in tokens_written, are the usage of the last
+        # chunk read (a watched stream asks for continuous usage stats), else one a content delta read
+        # (BackendClient._stopped)
+        "stopped_answers": sum(1 for k, r in rec.replies if r.finish_reason == STOPPED and k not in planning),
+        "signed_off_answers": sum(1 for k, r in rec.replies
+                                  if r.finish_reason == STOPPED and r.ok and k not in planning) - rec.loop_cut_stopped,
+        # sections kept as what they said before a repetition loop, cut there where they would have been asked
+        # again (book/loopcut.py): in the book, those resumed from the journal too
+        "loop_cut_sections": sum(1 for s in rec.book.sections if s.loop_cut),
+        # planning replies read until their list was complete, then stopped (planning/stream.Expansion.watch): answers,
+        # in requests and planning_requests, not in request_errors; tokens counted as stopped_answers' are
+        "planning_stopped": sum(1 for r in plan_replies if r.finish_reason == STOPPED),
+    }
 
 
 def _per_backend(rec: JobRecord, section_replies: list[Reply]) -> list[dict[str, Any]]:
