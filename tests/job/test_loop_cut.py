@@ -133,3 +133,22 @@ def test_a_section_that_loops_late_is_kept_cut_and_a_rerun_asks_nothing(tmp_path
     rerun = json.loads((out / "stats.json").read_text())
     assert rerun["resumed_sections"] == n and rerun["requests"] == 0 and rerun["loop_cut_sections"] == n
     assert (out / "book.md").read_text() == book
+
+
+def test_a_library_counts_its_books_cut_sections_and_its_dataset_holds_the_cut_text(tmp_path):
+    """A library's sections are read whole (no feed): each loop is judged after it, and cut all the same."""
+    import pyarrow.parquet as pq
+
+    lib = tmp_path / "lib.jsonl"
+    lib.write_text("".join(json.dumps({"id": f"b{i}", "prompt": f"A handbook of rivers {i}", "parts": 1,
+                                       "chapters": 1, "sections": 2 + i}) + "\n" for i in range(2)))
+    out = tmp_path / "lib"
+    with FakeServer("loops-late") as srv:
+        proc = handbook("library", str(lib), "--out", str(out), "--backend", srv.url, "--max-tokens", "400",
+                        "--context", "none", "--no-distinct-titles", "-q")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    rows = pq.read_table(out / "sections.parquet").to_pylist()
+    assert stats["sections"] == len(rows) == 5 and stats["loop_cut_sections"] == 5
+    assert stats["requests"] == stats["planning_requests"] + 5  # none asked again
+    assert all(r["text"].count(LINE.strip()) == 1 and "Point 8 of this section" in r["text"] for r in rows)
