@@ -121,6 +121,7 @@ def test_a_section_that_loops_late_is_kept_cut_and_a_rerun_asks_nothing(tmp_path
         assert stats["loop_cut_sections"] == n and stats["signed_off_answers"] == 0
         assert stats["stopped_answers"] == (n if stream == "always" else 0)
         assert defects["looping_sections"] == {"count": 0, "repaired": n, "cut": n, "sections": []}
+        assert f"0 looping sections ({n} repaired, {n} of them cut before the loop)" in proc.stderr + proc.stdout
         assert book.count(LINE.strip()) == n and book.count("Point 8 of this section") == n
         if stream == "always":  # dropped at the line's third time, not read to the 400-token cap
             assert all(written < total for written, total in srv.loop_streams), srv.loop_streams
