@@ -4,6 +4,8 @@ a reader would count it, on the embedded engine (or on any --backend).
     .venv/bin/python benchmarks/context_quality.py                       # 3 prompts x 2 ways, embedded engine
     .venv/bin/python benchmarks/context_quality.py --prompts "Write me a guide to sourdough" --excerpts 5
     .venv/bin/python benchmarks/context_quality.py --backend http://gpu1:8000/v1 --parts 8 --chapters 12 --sections 16
+    .venv/bin/python benchmarks/context_quality.py --runs 3 --out /tmp/cq       # each book three times, summed up
+    .venv/bin/python benchmarks/context_quality.py --summarize /tmp/cq44a /tmp/cq44b   # runs kept with --out
 
 Each prompt is written twice through the real CLI, same shape (the embedded engine's default 3 x 3 x 4 unless
 given), same profile and sampling:
@@ -34,6 +36,12 @@ and counted from what each run left (outline.json, defects.json, stats.json):
 With no --backend the script starts the embedded engine once (`handbook engine start`) and stops it at the end if it
 started it, so engine start-up is in no job's time. ``--excerpts N`` prints up to N sentences of the outline books
 that name another section of their chapter or a term of the brief: where a section visibly knows its siblings.
+
+A small model's books differ from run to run (its outline too), by more than the two ways differ in one run: ``--runs
+N`` writes every book N times (``--out DIR``: run k's books under DIR/run<k>) and ends with a summary over the runs,
+per prompt, of each way's mean printed 5-gram share, in how many runs outline's was lower, outline's whole job against
+none's (mean, largest, runs over 1.25), the loops cut and re-asked and the Python still broken. ``--summarize DIR...``
+prints the same summary from runs kept before (each DIR holding a run's <i>-none and <i>-outline folders).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -160,6 +169,43 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(runs: list[list[dict]]) -> str:
+    """Per prompt, over the runs: each way's mean printed 5-gram share, the runs where outline's was lower, outline's
+    whole job against none's, loops cut and re-asked, Python still broken (outline books)."""
+    head = ("| prompt | runs | printed 5-gram share none → outline (mean) | outline lower in | whole job × none: mean, "
+            "largest, over 1.25 | loops cut; re-asked (both ways) | python broken / checked (outline) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    prompts = list(dict.fromkeys(r["prompt"] for run in runs for r in run))
+    for prompt in prompts:
+        pairs = []
+        for run in runs:
+            ways = {r["way"]: r for r in run if r["prompt"] == prompt}
+            if "none" in ways and "outline" in ways:
+                pairs.append((ways["none"], ways["outline"]))
+        if not pairs:
+            continue
+        ratios = [o["whole_job_s"] / n["whole_job_s"] for n, o in pairs if n["whole_job_s"]]
+        lower = sum(o["five_gram_share_printed"] < n["five_gram_share_printed"] for n, o in pairs)
+        cut = sum(r["loops_cut"] for pair in pairs for r in pair)
+        asked = sum(r["loops_reasked"] for pair in pairs for r in pair)
+        mean = statistics.mean
+        lines.append(
+            f"| {prompt[:48]} | {len(pairs)} | {mean(n['five_gram_share_printed'] for n, _ in pairs):.2%} → "
+            f"{mean(o['five_gram_share_printed'] for _, o in pairs):.2%} | {lower} of {len(pairs)} | "
+            f"{mean(ratios):.2f}, {max(ratios):.2f}, {sum(x > 1.25 for x in ratios)} | {cut}; {asked} | "
+            f"{sum(o['python_broken'] for _, o in pairs)} / {sum(o['python_checked'] for _, o in pairs)} |")
+    return "\n".join(lines)
+
+
+def stored_run(folder: Path) -> list[dict]:
+    """A run kept with --out: its books as rows, each labelled by its prompt's number and its first book's title."""
+    rows = []
+    for out in sorted(folder.glob("*-none")) + sorted(folder.glob("*-outline")):
+        i, way = out.name.split("-", 1)
+        rows.append({"prompt": f"#{i}", "way": way, "out": str(out), **measure(out), "titles_made": 0})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", nargs="+", default=list(PROMPTS))
@@ -170,33 +216,49 @@ def main() -> None:
     ap.add_argument("--out", help="keep the books here (default: a temporary folder)")
     ap.add_argument("--excerpts", type=int, default=3, help="sentences to print that know their siblings")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--runs", type=int, default=1, help="write every book this many times, then sum the runs up")
+    ap.add_argument("--summarize", nargs="+", metavar="DIR", help="sum up runs kept with --out (writes nothing)")
     args = ap.parse_args()
+    if args.summarize:
+        missing = [d for d in args.summarize if not any(Path(d).glob("*-outline"))]
+        if missing:
+            sys.exit(f"context_quality: no run kept in {', '.join(missing)} (its <i>-none and <i>-outline folders)")
+        print(summary([stored_run(Path(d)) for d in args.summarize]))
+        return
+    if args.runs < 1:
+        sys.exit("context_quality: --runs must be 1 or more")
     shape = [x for k in ("parts", "chapters", "sections") if getattr(args, k)
              for x in (f"--{k}", str(getattr(args, k)))]
     backends = [x for u in args.backend for x in ("--backend", u)]
     started = False if args.backend else engine_up()
-    rows: list[dict] = []
+    runs: list[list[dict]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(args.out or tmp)
-            for i, prompt in enumerate(args.prompts):
-                for way, flags in WAYS.items():
-                    out = root / f"{i + 1}-{way}"
-                    print(f"[{prompt!r}, {way} ...]", file=sys.stderr, flush=True)
-                    run = handbook(prompt, *shape, *backends, *flags, "--out", str(out), "--format", "md", "-q",
-                                   "--fresh")
-                    if run.returncode not in (0, 1):
-                        sys.exit(f"context_quality: {prompt!r} ({way}) failed: {run.stderr.strip()[-400:]}")
-                    rows.append({"prompt": prompt, "way": way, "out": str(out), **measure(out),
-                                 "titles_made": titles_made(run.stderr)})
-            print(table(rows))
+            for k in range(args.runs):
+                base = root if args.runs == 1 else root / f"run{k + 1}"
+                rows = []
+                for i, prompt in enumerate(args.prompts):
+                    for way, flags in WAYS.items():
+                        out = base / f"{i + 1}-{way}"
+                        print(f"[{prompt!r}, {way} ...]", file=sys.stderr, flush=True)
+                        run = handbook(prompt, *shape, *backends, *flags, "--out", str(out), "--format", "md", "-q",
+                                       "--fresh")
+                        if run.returncode not in (0, 1):
+                            sys.exit(f"context_quality: {prompt!r} ({way}) failed: {run.stderr.strip()[-400:]}")
+                        rows.append({"prompt": prompt, "way": way, "out": str(out), **measure(out),
+                                     "titles_made": titles_made(run.stderr)})
+                runs.append(rows)
+                print(table(rows))
+            if args.runs > 1:
+                print("\n" + summary(runs))
             for r in rows:
                 if r["way"] == "outline":
                     print(f"\nbrief of {r['prompt']!r}: {r['brief'] or '(none)'}")
                     for e in excerpts(Path(r["out"]), args.excerpts):
                         print(f"  {e}")
             if args.json:
-                print(json.dumps(rows, indent=2))
+                print(json.dumps(runs if args.runs > 1 else rows, indent=2))
     finally:
         if started:
             handbook("engine", "stop")
