@@ -313,10 +313,9 @@ def defects_summary(d: dict[str, Any] | None) -> str | None:
     """One line of defects.json for the end of a run (defects.md has the worst cases)."""
     if not d:
         return None
-    parts = []
     loops = d.get("looping_sections") or {}
     cut = f", {loops['cut']} of them cut before the loop" if loops.get("cut") else ""
-    parts.append(f"{loops.get('count', 0)} looping sections ({loops.get('repaired', 0)} repaired{cut})")
+    parts = [f"{loops.get('count', 0)} looping sections ({loops.get('repaired', 0)} repaired{cut})"]
     ub = d.get("unterminated_blocks") or {}
     printed = ub.get("printed") or {}
     parts.append(f"{ub.get('count', 0)} of {ub.get('of', 0)} blocks unterminated as generated, "
