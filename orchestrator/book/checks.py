@@ -76,22 +76,27 @@ class _Split:
     code: tuple[str, ...]
 
 
-def _split(text: str) -> _Split:
-    prose: list[str] = []
-    code: list[str] = []
+def _read_lines(lines: Iterable[str]) -> Iterable[tuple[int, str, bool]]:
+    """(index, line, is code) of each line but the fences themselves: fenced code, and table rows (their cells repeat,
+    "| Yes | No |", as code lines do), are code; the rest prose. book/loopcut.py reads lines the same way."""
     close: re.Pattern[str] | None = None  # the open block's closing line
-    for line in text.splitlines():
+    for i, line in enumerate(lines):
         if close is None:
             if m := FENCE_OPEN.match(line):
                 close = closer(m.group(2))
-            elif line.lstrip().startswith("|"):
-                code.append(line)  # table cells repeat ("| Yes | No |") as code lines do
             else:
-                prose.append(line)
+                yield i, line, line.lstrip().startswith("|")
         elif close.match(line):
             close = None
         else:
-            code.append(line)
+            yield i, line, True
+
+
+def _split(text: str) -> _Split:
+    prose: list[str] = []
+    code: list[str] = []
+    for _, line, is_code in _read_lines(text.splitlines()):
+        (code if is_code else prose).append(line)
     return _Split(tuple(prose), tuple(code))
 
 

@@ -15,11 +15,15 @@ and where it starts is a by-product of counting them.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
+from itertools import accumulate
 
+# the checks' own reading of a line (its markers, lead-ins, words), so that a loop starts where loop_reason counts it
 from .checks import (
+    _ALNUM,
+    _DIGITS,
+    _WORDS,
     CODE_LINE_MIN_WORDS,
     CODE_LINE_REPEATS,
     LINE_MIN_WORDS,
@@ -29,42 +33,22 @@ from .checks import (
     RUN_REPEATS,
     RUN_WORDS,
     SHORT_LINE_REPEATS,
+    _is_lead_in,
+    _norm_line,
+    _read_lines,
     loop_reason,
 )
 from .cutback import complete_part
-from .fences import FENCE_OPEN, closer
 from .talk import words
 
 __all__ = ["kept_before_loop", "loop_cut", "loop_start"]
 
-_WORD = re.compile(r"\w+")
-_ALNUM = re.compile(r"[^\W_]")
-_LINE_MARKUP = re.compile(r"^(?:\s*(?:#{1,6}|>|[-*+•]|\d+[.)]))+\s*")  # as checks._norm_line reads a line
-_DIGITS = re.compile(r"\d+")
-
-
-def _norm(line: str) -> str:
-    return " ".join(_LINE_MARKUP.sub("", line).split()).lower()
-
 
 def _lines(text: str) -> list[tuple[int, str, bool]]:
-    """(offset, line, is code) of each line of ``text``; fence lines themselves are left out, table rows are code
-    (as the checks read them)."""
-    out: list[tuple[int, str, bool]] = []
-    close: re.Pattern[str] | None = None
-    at = 0
-    for line in text.split("\n"):
-        if close is None:
-            if m := FENCE_OPEN.match(line):
-                close = closer(m.group(2))
-            else:
-                out.append((at, line, line.lstrip().startswith("|")))
-        elif close.match(line):
-            close = None
-        else:
-            out.append((at, line, True))
-        at += len(line) + 1
-    return out
+    """(offset, line, is code) of each line of ``text`` but the fences, read as the checks read them."""
+    lines = text.split("\n")
+    offsets = [0, *accumulate(len(line) + 1 for line in lines)]
+    return [(offsets[i], line, code) for i, line, code in _read_lines(lines)]
 
 
 def loop_start(text: str) -> int | None:
@@ -78,7 +62,7 @@ def loop_start(text: str) -> int | None:
     restated in a summary, a title named again, "Here is a small example that puts X into practice:") is no loop's
     start."""
     lines = _lines(text)
-    prose = [(at, _norm(line)) for at, line, code in lines if not code]
+    prose = [(at, _norm_line(line)) for at, line, code in lines if not code]
     prose = [(at, n) for at, n in prose if _ALNUM.search(n)]
     code = [(at, " ".join(line.split())) for at, line, c in lines if c]
     counts = Counter(n for _, n in prose)
@@ -97,18 +81,18 @@ def loop_start(text: str) -> int | None:
                 seen.add(k)
 
     def prose_loops(n: str, _k: str) -> bool:
-        w = len(_WORD.findall(n))
+        w = len(_WORDS.findall(n))
         if w >= PARAGRAPH_WORDS:
             return counts[n] >= 2
-        if w >= LINE_MIN_WORDS and not n.rstrip("*_ ").endswith(":"):
+        if w >= LINE_MIN_WORDS and not _is_lead_in(n):
             return counts[n] >= LINE_REPEATS
         return counts[n] >= SHORT_LINE_REPEATS
 
     second(prose, lambda n: n, prose_loops)
     second(prose, lambda n: _DIGITS.sub("0", n),
-           lambda n, k: len(_WORD.findall(n)) >= LINE_MIN_WORDS and numbered[k] >= NUMBERED_LINE_REPEATS)
+           lambda n, k: len(_WORDS.findall(n)) >= LINE_MIN_WORDS and numbered[k] >= NUMBERED_LINE_REPEATS)
     second(code, lambda n: n,
-           lambda n, _k: len(_WORD.findall(n)) >= CODE_LINE_MIN_WORDS and code_counts[n] >= CODE_LINE_REPEATS)
+           lambda n, _k: len(_WORDS.findall(n)) >= CODE_LINE_MIN_WORDS and code_counts[n] >= CODE_LINE_REPEATS)
     if (run := _run_start(text, [at for at, _ in prose])) is not None:
         starts.append(run)
     return min(starts, default=None)
@@ -121,7 +105,7 @@ def _run_start(text: str, prose_lines: list[int]) -> int | None:
     for at in prose_lines:
         end = text.find("\n", at)
         line = text[at : len(text) if end < 0 else end]
-        found.extend((at + m.start(), m.group().lower()) for m in _WORD.finditer(line))
+        found.extend((at + m.start(), m.group().lower()) for m in _WORDS.finditer(line))
     keys = [w for _, w in found]
     runs = [tuple(keys[i : i + RUN_WORDS]) for i in range(len(keys) - RUN_WORDS + 1)]
     counts = Counter(runs)
