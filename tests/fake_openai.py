@@ -36,6 +36,21 @@ import time
 
 from local_http import LocalHTTPServer
 
+from orchestrator.core.reply import Reply
+
+# A small book's flags for the section modes ("loops", "loops-late", "signs-off"):
+# --context none: the fake server would loop the book's brief too (a request at temperature 0 that is no title list)
+# --no-distinct-titles: the fake server names the sections of both chapters alike, and the re-ask for distinct titles
+# would be one more refused reply
+BOOK_ARGS = ["--parts", "1", "--chapters", "2", "--sections", "3", "--max-tokens", "400", "--format", "md",
+             "--context", "none", "--no-distinct-titles"]
+
+
+def reply(text: str, finish: str = "length", attempt: int = 1) -> Reply:
+    """A section's answer as a check sees it (one token each 4 characters)."""
+    return Reply(text=text, finish_reason=finish, prompt_tokens=1, completion_tokens=len(text) // 4, backend="b",
+                 t_start=0.0, t_first=0.1, t_end=0.2, attempt=attempt)
+
 
 class FakeServer(LocalHTTPServer):
     def __init__(self, mode: str, *, key: str = "", stall_s: float = 30.0, stall_count: int = 1,

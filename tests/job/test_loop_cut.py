@@ -11,16 +11,13 @@ import sqlite3
 
 import pytest
 from cli_run import handbook
-from fake_openai import FakeServer
+from fake_openai import BOOK_ARGS, FakeServer, reply
 
 from orchestrator.book.checks import loop_reason
 from orchestrator.book.loopcut import kept_before_loop, loop_cut, loop_start
 from orchestrator.book.talk import words
-from orchestrator.core.reply import STOPPED, Reply
+from orchestrator.core.reply import STOPPED
 from orchestrator.job.section_check import SectionCheck
-
-ARGS = ["--parts", "1", "--chapters", "2", "--sections", "3", "--max-tokens", "400", "--format", "md",
-        "--context", "none", "--no-distinct-titles"]
 
 PROSE = ("A river's basin is the land that drains into it. Rain that falls anywhere in the basin reaches the river in "
          "the end, through streams, soil or groundwater.\n\nThat is why a river carries the history of its whole "
@@ -29,10 +26,6 @@ PROSE = ("A river's basin is the land that drains into it. Rain that falls anywh
          "with a rating curve, fitted from occasional measurements of velocity across the channel.\n\n")
 LINE = "The cache keeps every record near the server that asked for it.\n"
 
-
-def _reply(text: str, finish: str = "length", attempt: int = 1) -> Reply:
-    return Reply(text=text, finish_reason=finish, prompt_tokens=1, completion_tokens=len(text) // 4, backend="b",
-                 t_start=0.0, t_first=0.1, t_end=0.2, attempt=attempt)
 
 
 def test_the_loop_starts_where_its_unit_is_written_the_second_time():
@@ -88,26 +81,26 @@ def test_what_is_kept_is_whole_loop_free_and_long_enough():
 
 def test_the_check_keeps_a_long_enough_answer_cut_and_asks_a_short_one_again():
     check = SectionCheck("Rivers", keep_words=40)
-    assert check(_reply(PROSE + LINE * 9, STOPPED)) == {
+    assert check(reply(PROSE + LINE * 9, STOPPED)) == {
         "repaired_from": loop_reason(PROSE + LINE * 9), "loop": None, "loop_cut": len(PROSE) + len(LINE)}
     assert check.loop is None  # nothing was asked again
     short = SectionCheck("Rivers", keep_words=words(PROSE) + 20)
     with pytest.raises(ValueError, match="caught while streaming"):
-        short(_reply(PROSE + LINE * 9, STOPPED))
+        short(reply(PROSE + LINE * 9, STOPPED))
     # its re-ask loops too, after enough: cut as well, where it was printed looping before
     more = ("Floods are not always disasters. On the lower Loire, spring water spreads over meadows that farmers "
             "leave unploughed, and the silt it leaves behind keeps them fertile.\n\n")
-    value = short(_reply(PROSE + more + LINE * 9, "length", attempt=2))
+    value = short(reply(PROSE + more + LINE * 9, "length", attempt=2))
     assert value["loop_cut"] == len(PROSE + more + LINE) and value["repaired_from"] == short.loop
     unwatched = SectionCheck("Rivers")  # keep_words None: as before, asked again
     with pytest.raises(ValueError, match="repetition loop"):
-        unwatched(_reply(PROSE + LINE * 9))
+        unwatched(reply(PROSE + LINE * 9))
 
 
 @pytest.mark.parametrize("stream", ["always", "never"])
 def test_a_section_that_loops_late_is_kept_cut_and_a_rerun_asks_nothing(tmp_path, stream):
     out = tmp_path / "book"
-    args = ["A handbook of rivers", *ARGS, "--out", str(out), "--stream-sections", stream]
+    args = ["A handbook of rivers", *BOOK_ARGS, "--out", str(out), "--stream-sections", stream]
     with FakeServer("loops-late", section_chunk_delay=0.005) as srv:
         proc = handbook(*args, "--backend", srv.url)
         assert proc.returncode == 0, proc.stderr

@@ -11,18 +11,12 @@ import json
 
 import pytest
 from cli_run import handbook
-from fake_openai import FakeServer
+from fake_openai import BOOK_ARGS, FakeServer, reply
 
 from orchestrator.book.checks import LoopWatch, loop_reason
 from orchestrator.core.prompts import list_schema
 from orchestrator.core.reply import STOPPED, Reply
 from orchestrator.job.section_check import SectionCheck
-
-# --context none: the fake server would loop the book's brief too (a request at temperature 0 that is no title list)
-# --no-distinct-titles: the fake server names the sections of both chapters alike, and the re-ask for distinct titles
-# would be one more refused reply
-ARGS = ["--parts", "1", "--chapters", "2", "--sections", "3", "--max-tokens", "400", "--format", "md",
-        "--context", "none", "--no-distinct-titles"]
 
 
 def _feed(watch: LoopWatch, text: str, size: int = 4) -> int | None:
@@ -75,13 +69,11 @@ def test_a_stopped_answer_is_never_accepted_and_its_re_ask_is_not_watched():
     check = SectionCheck("Rivers")
     watch = check.watcher()
     assert isinstance(watch, LoopWatch)
-    stopped = Reply(text="The river.\n" * 3, finish_reason=STOPPED, prompt_tokens=1, completion_tokens=9, backend="b",
-                    t_start=0.0, t_first=0.1, t_end=0.2, attempt=1)
+    stopped = reply("The river.\n" * 3, STOPPED)
     with pytest.raises(ValueError, match="caught while streaming"):
         check(stopped)
     assert check.loop is not None and check.watcher() is None  # the re-ask runs to its end, and is kept
-    fine = Reply(text=PROSE, finish_reason="stop", prompt_tokens=1, completion_tokens=60, backend="b", t_start=0.0,
-                 t_first=0.1, t_end=0.2, attempt=2)
+    fine = reply(PROSE, "stop", attempt=2)
     assert check(fine) == {"repaired_from": check.loop, "loop": None}
 
 
@@ -90,7 +82,7 @@ def test_a_looping_section_is_asked_again_without_waiting_for_its_cap(tmp_path, 
     """Streamed, the loop is dropped a few lines in; read whole (``never``), it is judged after, as before."""
     out = tmp_path / "book"
     with FakeServer("loops", section_chunk_delay=0.01) as srv:
-        proc = handbook("A handbook of rivers", *ARGS, "--backend", srv.url, "--out", str(out),
+        proc = handbook("A handbook of rivers", *BOOK_ARGS, "--backend", srv.url, "--out", str(out),
                         "--stream-sections", stream)
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((out / "stats.json").read_text())

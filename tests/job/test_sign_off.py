@@ -11,17 +11,14 @@ import json
 
 import pytest
 from cli_run import handbook
-from fake_openai import FakeServer
+from fake_openai import BOOK_ARGS, FakeServer, reply
 
 from orchestrator.book.checks import LoopWatch
 from orchestrator.book.signoff import SIGNED_OFF, SignOffWatch
 from orchestrator.book.talk import talk_spans
 from orchestrator.core.config import PRESETS, Settings, settings_from
-from orchestrator.core.reply import STOPPED, Reply
+from orchestrator.core.reply import STOPPED
 from orchestrator.job.section_check import SectionCheck
-
-ARGS = ["--parts", "1", "--chapters", "2", "--sections", "3", "--max-tokens", "400", "--format", "md",
-        "--context", "none", "--no-distinct-titles"]
 
 PROSE = ("A river's basin is the land that drains into it. Rain that falls anywhere in the basin reaches the river in "
          "the end, through streams, soil or groundwater. That is why a river carries the history of its whole "
@@ -38,10 +35,6 @@ def _feed(watch, text: str, size: int = 3) -> int | None:
             return i + size
     return None
 
-
-def _reply(text: str, finish: str) -> Reply:
-    return Reply(text=text, finish_reason=finish, prompt_tokens=1, completion_tokens=len(text) // 4, backend="b",
-                 t_start=0.0, t_first=0.1, t_end=0.2, attempt=1)
 
 
 @pytest.mark.parametrize("talk", [
@@ -102,14 +95,14 @@ def test_a_signed_off_answer_is_accepted_and_a_looping_one_is_not():
     watch = check.watcher()
     assert watch is not None and not isinstance(watch, LoopWatch | SignOffWatch)  # both watches, on the first answer
     assert _feed(watch, PROSE + "I hope this helps! Let me know.") is not None
-    assert check(_reply(PROSE + "I hope this helps", STOPPED)) == {"repaired_from": None, "loop": None}
+    assert check(reply(PROSE + "I hope this helps", STOPPED)) == {"repaired_from": None, "loop": None}
     # the next attempt has a fresh watch: stopped by its loop watch, it is refused as before
     check = SectionCheck("Rivers", sign_off_words=WORDS // 2)
     line = "The cache keeps every record near the server that asked for it.\n"
     watch = check.watcher()
     assert _feed(watch, PROSE + line * 10) is not None
     with pytest.raises(ValueError, match="caught while streaming"):
-        check(_reply(PROSE + line * 4, STOPPED))
+        check(reply(PROSE + line * 4, STOPPED))
     assert isinstance(check.watcher(), SignOffWatch)  # the loop re-ask: watched for a sign-off only
     # off: the loop watch alone, as before
     assert isinstance(SectionCheck("Rivers").watcher(), LoopWatch)
@@ -126,7 +119,7 @@ def test_a_section_that_signs_off_is_stopped_there_and_kept(tmp_path, stop):
     out = tmp_path / "book"
     flag = "--stop-at-sign-off" if stop else "--no-stop-at-sign-off"
     with FakeServer("signs-off", section_chunk_delay=0.01) as srv:
-        proc = handbook("A handbook of rivers", *ARGS, "--backend", srv.url, "--out", str(out), flag)
+        proc = handbook("A handbook of rivers", *BOOK_ARGS, "--backend", srv.url, "--out", str(out), flag)
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((out / "stats.json").read_text())
     sections = stats["sections"]
