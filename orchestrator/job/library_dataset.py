@@ -37,9 +37,11 @@ TABLES = ("sections", "books")
 
 @dataclass(frozen=True)
 class SectionRow:
-    """One section of one book. ``text``: the answer as generated (book.md prints it cut back where the token
-    cap stopped it: ``finish_reason`` "length"); a failed section has ``text`` '' and ``error`` set. ``t_start`` and
-    ``t_end``: Unix time in seconds of its answering attempt (None: not known)."""
+    """One section of one book. ``text``: the answer as generated (its ``words`` and ``tokens`` count it); ``printed``:
+    the section as book.md prints it under its heading (``assemble.section_body``: without the model's talk to whoever
+    asked, cut back where the token cap or word salad stopped it, a note under code that does not parse; None in rows
+    carried from a dataset written before the column was); a failed section has ``text`` and ``printed`` '' and
+    ``error`` set. ``t_start`` and ``t_end``: Unix time in seconds of its answering attempt (None: not known)."""
 
     book_id: str
     prompt: str
@@ -58,6 +60,7 @@ class SectionRow:
     t_start: float | None = None
     t_end: float | None = None
     error: str | None = None
+    printed: str | None = None  # last, so that a reader of the columns by position reads the older ones as before
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ SECTION_SCHEMA = pa.schema([
     ("chapter", pa.string()), ("section", pa.string()), ("path", pa.string()), ("text", pa.string()),
     ("words", pa.int64()), ("tokens", pa.int64()), ("finish_reason", pa.string()), ("backend", pa.string()),
     ("model", pa.string()), ("attempts", pa.int64()), ("t_start", pa.float64()), ("t_end", pa.float64()),
-    ("error", pa.string()),
+    ("error", pa.string()), ("printed", pa.string()),
 ])
 BOOK_SCHEMA = pa.schema([
     ("id", pa.string()), ("key", pa.string()), ("prompt", pa.string()), ("title", pa.string()),
@@ -93,6 +96,10 @@ BOOK_SCHEMA = pa.schema([
     ("status", pa.string()), ("folder", pa.string()), ("files", pa.list_(pa.string())),
 ])
 _SCHEMAS = {"sections": SECTION_SCHEMA, "books": BOOK_SCHEMA}
+# Columns added since the first dataset, by table: a file without them is read with nulls there (library merge), and
+# a resumed library does not carry such a file over (its books are added again from their journals, which hold
+# what the new columns need).
+_ADDED = {"sections": frozenset({"printed"}), "books": frozenset()}
 _ID_COLUMN = {"sections": "book_id", "books": "id"}
 
 
@@ -106,9 +113,11 @@ def section_rows(book_id: str, prompt: str, book: Book, *, model: str | None = N
     for s in book.sections:
         t0, t1 = (times or {}).get(s.path, (None, None))
         served = (models or {}).get(s.backend or "", model)
+        written = s.error is None and s.text.strip() != ""
         rows.append(SectionRow(book_id, prompt, book.outline.title, s.part, s.chapter, s.title, s.path, s.text,
                                count_words(s.text), s.completion_tokens, s.finish_reason, s.backend, served,
-                               (attempts or {}).get(s.path, 1), t0, t1, None if s.error is None else str(s.error)))
+                               (attempts or {}).get(s.path, 1), t0, t1, None if s.error is None else str(s.error),
+                               s.body if written else ""))
     return tuple(rows)
 
 
@@ -223,6 +232,8 @@ class DatasetWriter:
         that one; returns their ids. Nothing (an empty set) when there is no previous dataset or it cannot be read:
         the runner then adds those books from the journal."""
         try:  # only a complete book's rows: a book that failed then (or was cut off) is rebuilt from its journal
+            if any(_added_missing(self.out_dir / f"{name}.parquet", name) for name in TABLES):
+                return set()  # written before a column was added: its books are added again, whole, from journals
             found = {i for i, k, status in _ids_and_keys(self.out_dir / "books.parquet")
                      if keep.get(i) == k and status == "complete"} - self.ids
         except (OSError, pa.ArrowException, KeyError):
@@ -236,7 +247,7 @@ class DatasetWriter:
         """Every row group of ``source``'s two tables (of the books in ``only``, when given), in file order."""
         ids = pa.array(sorted(only), pa.string()) if only is not None else None
         for name in TABLES:
-            for table in _row_groups(source / f"{name}.parquet", _SCHEMAS[name]):
+            for table in _row_groups(source / f"{name}.parquet", name):
                 if ids is not None:
                     table = table.filter(pc.is_in(table[_ID_COLUMN[name]], value_set=ids))
                 self.sinks[name].add(table)
@@ -276,11 +287,26 @@ class DatasetWriter:
             raise
 
 
-def _row_groups(path: Path, schema: pa.Schema) -> Iterator[pa.Table]:
-    """The row groups of a dataset file one at a time, in our schema (columns in order, types cast)."""
+def _added_missing(path: Path, name: str) -> bool:
+    """Whether the dataset file lacks a column added to its table since the first dataset (:data:`_ADDED`)."""
+    return not _ADDED[name] <= set(pq.ParquetFile(path).schema_arrow.names)
+
+
+def _row_groups(path: Path, name: str) -> Iterator[pa.Table]:
+    """The row groups of a dataset file of table ``name`` one at a time, in our schema (columns in order, types cast);
+    a column added since the first dataset (:data:`_ADDED`) that the file lacks is read as nulls; any other column
+    missing is an ArrowInvalid (a file of another schema)."""
+    schema = _SCHEMAS[name]
     f = pq.ParquetFile(path)
+    have = set(f.schema_arrow.names)
+    absent = [n for n in schema.names if n not in have]
+    if unknown := [n for n in absent if n not in _ADDED[name]]:
+        raise pa.ArrowInvalid(f"{path.name} has no column {unknown[0]!r}")
     for i in range(f.num_row_groups):
-        yield f.read_row_group(i, columns=schema.names).select(schema.names).cast(schema)
+        table = f.read_row_group(i, columns=[n for n in schema.names if n in have])
+        for n in absent:
+            table = table.append_column(schema.field(n), pa.nulls(table.num_rows, schema.field(n).type))
+        yield table.select(schema.names).cast(schema)
 
 
 def _ids_and_keys(path: Path) -> Iterator[tuple[str, str, str]]:

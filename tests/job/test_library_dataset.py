@@ -203,6 +203,7 @@ def test_rows_from_a_finished_book():
     assert [(r.section, r.words, r.tokens, r.finish_reason, r.attempts, r.error) for r in rows] == [
         ("Range", 5, 9, "stop", 1, None), ("Diet", 3, 12, "length", 1, None), ("Calls", 0, 0, None, 8, "HTTP 500 x8")]
     assert (rows[0].t_start, rows[0].t_end, rows[1].t_start) == (10.0, 12.5, None)
+    assert [r.printed for r in rows] == [s.body for s in texts[:2]] + [""]  # a failed section prints nothing
     assert {(r.book_id, r.prompt, r.book_title, r.model) for r in rows} == {("owls", "Write about owls", "Owls", "m")}
     # each row names the model of the backend that wrote it; a failed section (no backend) the library's
     served = section_rows("owls", "p", book, model="a,b", models={"http://a/v1": "qwen", "http://b/v1": "llama"})
@@ -213,6 +214,44 @@ def test_rows_from_a_finished_book():
     assert book_row("owls", "key", "p", whole, folder="books/owls").status == "complete"
     stopped = Book(outline, (*texts[:2], dataclasses.replace(texts[2], error=Missing.INTERRUPTED)), "")
     assert book_row("owls", "key", "p", stopped, folder="books/owls").status == "incomplete"
+
+
+def test_printed_is_the_section_as_book_md_prints_it():
+    outline = Outline("Owls", (Part("Kinds", (Chapter("Barn owls", ("Range", "Diet")),)),))
+    texts = (SectionText("1.1.1", "Kinds", "Barn owls", "Range", "They live far and wide.\n\nI hope this helps! Let me "
+                         "know if you have any other questions.", "stop", 30, "http://a/v1"),
+             SectionText("1.1.2", "Kinds", "Barn owls", "Diet", "They eat mice. They also eat vo", "length", 12,
+                         "http://a/v1"))
+    rows = section_rows("owls", "p", Book(outline, texts, ""), model="m")
+    assert [(r.text, r.printed) for r in rows] == [(texts[0].text, "They live far and wide."),
+                                                   (texts[1].text, "They eat mice.")]
+    assert rows[0].words == 18  # the answer as generated, as before the column
+
+
+def _older(path: Path, name: str) -> None:
+    """Rewrite a dataset file as a library wrote it before the columns added since (library_dataset._ADDED)."""
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns([c for c in ("printed",) if c in table.column_names]), path)
+
+
+def test_a_dataset_from_before_the_printed_column(tmp_path):
+    books = [rows_of("a", 2, key="key-a"), rows_of("b", 3, key="key-b")]
+    for i, (book, secs) in enumerate(books):  # rows of a dataset that has the column
+        books[i] = (book, [dataclasses.replace(s, printed=f"printed {s.path}") for s in secs])
+    old = tmp_path / "old"
+    write_dataset(old, books, formats=("parquet", "jsonl"))
+    _older(old / "sections.parquet", "sections")
+    w = DatasetWriter(old)  # a resumed library does not carry it over: its books come again from their journals
+    assert w.carry_over({"a": "key-a", "b": "key-b"}) == set()
+    w.abort()
+    (old / "stats.json").write_text("{}", encoding="utf-8")
+    merge([old], tmp_path / "merged")  # a shard written before it: read with nulls there, everything else kept
+    rows = pq.read_table(tmp_path / "merged" / "sections.parquet").to_pylist()
+    assert rows == [{**d, "printed": None} for d in as_dicts(s for _, secs in books for s in secs)]
+    table = pq.read_table(old / "sections.parquet")
+    pq.write_table(table.drop_columns(["words"]), old / "sections.parquet")  # any other column missing: refused
+    with pytest.raises(ConfigError, match=r"cannot read the dataset of .*old: sections\.parquet has no column 'words'$"):
+        merge([old], tmp_path / "again")
 
 
 def make_shard(root: Path, name: str, ids: list[str], stats: dict, jsonl: bool = True) -> Path:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cli_run import handbook as cli_handbook
@@ -85,6 +86,8 @@ def test_a_library_shares_one_fleet_and_writes_its_dataset(cards, tmp_path):
     assert len(sections) == sum(want.values()) == st["sections"]
     assert all(s["text"] and s["backend"] in cards.urls and s["t_end"] >= s["t_start"] > 1e9 for s in sections)
     assert sum(s["tokens"] for s in sections) == st["section_tokens"]
+    printed = {b["id"]: (out / b["folder"] / "book.md").read_text(encoding="utf-8") for b in books}
+    assert all(s["printed"] and s["printed"] in printed[s["book_id"]] for s in sections)  # as book.md prints it
     for b in books:  # each book is a book: its own folder with book.md, stats and defects, no PDF unasked
         folder = out / b["folder"]
         assert (folder / "book.md").is_file() and (folder / "defects.json").is_file()
@@ -109,6 +112,16 @@ def test_rerun_appended_and_changed_lines_ask_only_for_what_changed(cards, tmp_p
     st = json.loads((out / "stats.json").read_text())
     assert (st["carried_over"], st["books_written"], st["requests_this_run"]) == (3, 0, 0)
     assert len(pq.read_table(out / "sections.parquet")) == st["sections"] == 4 + 6 + 4
+    table = pq.read_table(out / "sections.parquet")  # as a library wrote it before the printed column
+    pq.write_table(table.drop_columns(["printed"]), out / "sections.parquet")
+    older = run_library(cards, file, out)
+    assert older.returncode == 0, older.stderr
+    assert requests_of(cards) == before  # not carried over: its books come again from their journals, asking nothing
+
+    def rows(table: pa.Table) -> list[dict]:  # the times of a section answered from the journal are not known
+        return sorted((r for r in table.drop_columns(["t_start", "t_end"]).to_pylist()),
+                      key=lambda r: (r["book_id"], r["path"]))
+    assert rows(pq.read_table(out / "sections.parquet")) == rows(table)
     lines = file.read_text().splitlines()
     lines[1] = lines[1].replace('"sections": 3', '"sections": 2')  # a changed line: that book only, afresh
     lines.append(json.dumps({"id": "new-book", "prompt": "A handbook of kites", "parts": 1, "chapters": 1,
