@@ -228,7 +228,7 @@ def test_printed_is_the_section_as_book_md_prints_it():
     assert rows[0].words == 18  # the answer as generated, as before the column
 
 
-def _older(path: Path, name: str) -> None:
+def _older(path: Path) -> None:
     """Rewrite a dataset file as a library wrote it before the columns added since (library_dataset._ADDED)."""
     table = pq.read_table(path)
     pq.write_table(table.drop_columns([c for c in ("printed",) if c in table.column_names]), path)
@@ -240,7 +240,7 @@ def test_a_dataset_from_before_the_printed_column(tmp_path):
         books[i] = (book, [dataclasses.replace(s, printed=f"printed {s.path}") for s in secs])
     old = tmp_path / "old"
     write_dataset(old, books, formats=("parquet", "jsonl"))
-    _older(old / "sections.parquet", "sections")
+    _older(old / "sections.parquet")
     w = DatasetWriter(old)  # a resumed library does not carry it over: its books come again from their journals
     assert w.carry_over({"a": "key-a", "b": "key-b"}) == set()
     w.abort()
