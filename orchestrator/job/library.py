@@ -44,6 +44,7 @@ from ..core.events import Event, NodeFinished
 from ..core.osutil import atomic_write, ensure_open_files, prepare_out_dir
 from ..core.states import NodeKind
 from ..dispatch.fleet import Fleet
+from ..dispatch.journal import section_times
 from ..dispatch.journal_files import lock_out_dir, unlock
 from ..views.library_progress import BookFinished, BookStarted, LibraryStarted, LibraryState
 from .connect import backends_up, discover_all, open_clients
@@ -354,9 +355,11 @@ class _Library:
             self._book_failed(book, folder, str(e))  # traceback in books/<id>/handbook.log), a foreign journal
             return
         assert isinstance(result, Result) and result.book is not None
+        # a section answered from the journal (its Reply timed now) gets its times as the journal holds them
+        timed = {**(await anyio.to_thread.run_sync(section_times, folder)), **times}
         row = book_row(book.id, book.key, book.prompt, result.book, folder=f"books/{book.id}",
                        files=sorted(p.name for p in result.paths.values() if p.parent == folder))
-        rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=times,
+        rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=timed,
                             models=self.models)
         await anyio.to_thread.run_sync(writer.add_book, row, rows)
         if shared.dedupe is not None:  # --dedupe reask: the books finished after this one are asked against it

@@ -13,7 +13,7 @@ from orchestrator.core.outline import Chapter, Outline, Part
 from orchestrator.core.reply import Reply
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.dispatch.fleet import Fleet
-from orchestrator.dispatch.journal import FILENAME, Journal
+from orchestrator.dispatch.journal import FILENAME, Journal, section_times
 from orchestrator.dispatch.journal_schema import SCHEMA_VERSION
 
 SECRET = "sk-journal-secret-0123456789"
@@ -181,3 +181,23 @@ def test_the_dispatcher_answers_finished_nodes_from_the_journal(tmp_path):
     again = anyio.run(lambda: d.run("1", "part", "P1", build("1"), three_lines))
     assert fake.calls == ["3", "1"] and again.attempts == 1 and again.value is None
     j.close()
+
+
+def test_section_times_are_read_back_as_the_journal_holds_them(tmp_path):
+    assert section_times(tmp_path) == {}  # no journal
+    s = Settings(parts=1, chapters=1, sections=2)
+    j = Journal.open(tmp_path, "A book", s)
+    before = time.time()
+    j.record("1", "part", "P", reply('["C"]'), attempts=1)  # a planning node has none
+    j.record("1.1.1", "section", "S1", reply("Some text."), attempts=1)
+    j.close()
+    j = Journal.open(tmp_path, "A book", s)  # an edited outline moves S1: a move keeps no latency
+    j.move(j.get("1.1.1", "section", "S1"), "1.1.2")
+    j.record("1.1.1", "section", "S0", reply("Other text."), attempts=1)
+    j.close()
+    times = section_times(tmp_path)
+    assert set(times) == {"1.1.1"}
+    start, end = times["1.1.1"]
+    assert before <= end <= time.time() and end - start == pytest.approx(1.0, abs=0.01)
+    (tmp_path / FILENAME).write_bytes(b"not a journal")
+    assert section_times(tmp_path) == {}
