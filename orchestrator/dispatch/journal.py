@@ -356,24 +356,26 @@ class Journal:
         return OutputError(self.lost_message(str(self.path), self._failed_why))
 
 
-def section_times(out_dir: Path) -> dict[str, tuple[float, float]]:
-    """Section path -> Unix start and end of its accepted attempt, as ``out_dir``'s journal holds them (``finished_at``
-    and ``latency_s``): for a section answered from the journal, whose Reply is timed now. A section an edited outline
-    moved keeps no latency and is left out; {} when there is no journal or it cannot be read. Read-only: for a
-    journal no job holds open (a finished book's)."""
+def section_times(out_dir: Path) -> dict[str, tuple[str, float, float]]:
+    """Section path -> its title, and the Unix start and end of its accepted attempt, as ``out_dir``'s journal holds
+    them (``finished_at`` and ``latency_s``): for a section answered from the journal, whose Reply is timed now. A
+    section an edited outline moved keeps no latency and is left out; {} when there is no journal or it cannot be
+    read. For a journal no job holds open (a finished book's): a plain connection, ``query_only``, so that closing
+    it leaves no -wal and -shm files behind (a ``mode=ro`` one does)."""
     path = out_dir / FILENAME
     if not path.is_file():
         return {}
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(path)
         try:
-            rows = conn.execute("SELECT path, finished_at, latency_s FROM nodes"
+            conn.execute("PRAGMA query_only = ON")
+            rows = conn.execute("SELECT path, title, finished_at, latency_s FROM nodes"
                                 " WHERE kind = 'section' AND latency_s IS NOT NULL").fetchall()
         finally:
             conn.close()
     except sqlite3.Error:
         return {}
-    return {p: (end - latency, end) for p, end, latency in rows}
+    return {p: (title, end - latency, end) for p, title, end, latency in rows}
 
 
 def _give_context(nodes: dict[str, StoredNode], outline: Outline, words: int) -> None:

@@ -28,7 +28,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
+from ..book.assemble import Book
 from ..book.crossdup import CrossIndex
 from ..core.config import Backend, Settings, slugify
 from ..core.errors import BackendError, ConfigError, HandbookError, OutputError, PlanError
@@ -185,6 +186,7 @@ class _Library:
         self.models: dict[str, str] = {}
         self.handle_sigint = False
         self.dedupe: CrossIndex | None = None  # --dedupe reask: the finished books' sections
+        self.finished_before: dict[str, str] = {}  # id -> key of the books an earlier run finished complete
         self.lines: dict[str, int] = {}  # the line of each book that failed
         self.stopped_by: HandbookError | None = None  # every backend gone, or the output cannot be written
         self.interrupted = False
@@ -203,7 +205,8 @@ class _Library:
             sampler.set_power({b.url: b.power for b, _ in usable})
         t_start = time.monotonic()
         with DatasetWriter(self.out_dir, self.dataset) as writer:
-            kept = writer.carry_over(self._finished_before())
+            self.finished_before = self._finished_before()
+            kept = writer.carry_over(self.finished_before)
             self.forecast = await self._forecast(usable, kept)
             self.bus(LibraryStarted(self.books, len(kept), time.monotonic(), self.forecast))
             async with anyio.create_task_group() as bg:
@@ -343,7 +346,7 @@ class _Library:
         self.bus(BookStarted(book.id, book.prompt, shared.rank, time.monotonic()))
         try:
             result = await session(book.prompt, None, book.settings, folder, consumer, Mode(),
-                                   Options(deltas=self.deltas, fresh=fresh, shared=shared))
+                                   Options(deltas=self.deltas, fresh=fresh, shared=self._session_fleet(shared, book)))
         except PlanError as e:  # its planning failed every attempt: reported by id, the others go on
             self._book_failed(book, folder, f"planning failed: {e}")
             return
@@ -355,8 +358,7 @@ class _Library:
             self._book_failed(book, folder, str(e))  # traceback in books/<id>/handbook.log), a foreign journal
             return
         assert isinstance(result, Result) and result.book is not None
-        # a section answered from the journal (its Reply timed now) gets its times as the journal holds them
-        timed = {**(await anyio.to_thread.run_sync(section_times, folder)), **times}
+        timed = {**_journal_times(result.book, await anyio.to_thread.run_sync(section_times, folder)), **times}
         row = book_row(book.id, book.key, book.prompt, result.book, folder=f"books/{book.id}",
                        files=sorted(p.name for p in result.paths.values() if p.parent == folder))
         rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=timed,
@@ -374,8 +376,23 @@ class _Library:
         write_index(folder, book, row.status, counts=counts)
         self.bus(BookFinished(book.id, row.status, row.sections, row.tokens, time.monotonic()))
 
+    def _session_fleet(self, shared: SharedFleet, book: LibraryBook) -> SharedFleet:
+        """A book an earlier run finished complete, whose dataset rows were not carried over, is written again from
+        its journal, asking nothing: it is not checked against the other books again (``--dedupe reask`` did that
+        when it was written, against the books finished before it; books written again before it now may have
+        finished after it then)."""
+        return replace(shared, dedupe=None) if book.id in self.finished_before else shared
+
     def _book_failed(self, book: LibraryBook, folder: Path, why: str, *, status: str = "failed") -> None:
         self.lines[book.id] = book.line
         self.failed.append((book.id, why))
         write_index(folder, book, status, why)
         self.bus(BookFinished(book.id, status, 0, 0, time.monotonic(), why))
+
+
+def _journal_times(book: Book, stored: Mapping[str, tuple[str, float, float]]) -> dict[str, tuple[float, float]]:
+    """The start and end of a book's written sections as its journal holds them (``journal.section_times``), for those
+    the journal answered (a Reply read from it is timed as it is read); a path the journal holds for another title is
+    another section's."""
+    return {s.path: (t[1], t[2]) for s in book.sections
+            if s.error is None and (t := stored.get(s.path)) is not None and t[0] == s.title}

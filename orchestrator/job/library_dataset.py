@@ -39,8 +39,8 @@ TABLES = ("sections", "books")
 class SectionRow:
     """One section of one book. ``text``: the answer as generated (its ``words`` and ``tokens`` count it); ``printed``:
     the section as book.md prints it under its heading (``assemble.section_body``: without the model's talk to whoever
-    asked, cut back where the token cap or word salad stopped it, a note under code that does not parse; None in rows
-    carried from a dataset written before the column was); a failed section has ``text`` and ``printed`` '' and
+    asked, cut back where the token cap or word salad stopped it, a note under code that does not parse; None where
+    ``library merge`` read a shard written before the column was); a failed section has ``text`` and ``printed`` '' and
     ``error`` set. ``t_start`` and ``t_end``: Unix time in seconds of its answering attempt (None: not known)."""
 
     book_id: str
@@ -97,8 +97,8 @@ BOOK_SCHEMA = pa.schema([
 ])
 _SCHEMAS = {"sections": SECTION_SCHEMA, "books": BOOK_SCHEMA}
 # Columns added since the first dataset, by table: a file without them is read with nulls there (library merge), and
-# a resumed library does not carry such a file over (its books are added again from their journals, which hold
-# what the new columns need).
+# a resumed library does not carry over a file without them or with nulls there (a merge of such shards): its books
+# are added again from their journals, which hold what the new columns need.
 _ADDED = {"sections": frozenset({"printed"}), "books": frozenset()}
 _ID_COLUMN = {"sections": "book_id", "books": "id"}
 
@@ -232,13 +232,13 @@ class DatasetWriter:
         that one; returns their ids. Nothing (an empty set) when there is no previous dataset or it cannot be read:
         the runner then adds those books from the journal."""
         try:  # only a complete book's rows: a book that failed then (or was cut off) is rebuilt from its journal
-            if any(_added_missing(self.out_dir / f"{name}.parquet", name) for name in TABLES):
-                return set()  # written before a column was added: its books are added again, whole, from journals
+            if any(_lacks_added(self.out_dir / f"{name}.parquet", name) for name in TABLES):
+                return set()  # rows from before a column was added: the books are added again, whole, from journals
             found = {i for i, k, status in _ids_and_keys(self.out_dir / "books.parquet")
                      if keep.get(i) == k and status == "complete"} - self.ids
         except (OSError, pa.ArrowException, KeyError):
             return set()
-        if found:  # a file whose ids could be read but not its rows is damaged beyond a rebuild: that error is raised
+        if found:  # a file whose ids and columns could be read but not its rows is damaged beyond a rebuild: raised
             self.copy_from(self.out_dir, found)
         self.ids |= found
         return found
@@ -287,15 +287,29 @@ class DatasetWriter:
             raise
 
 
-def _added_missing(path: Path, name: str) -> bool:
-    """Whether the dataset file lacks a column added to its table since the first dataset (:data:`_ADDED`)."""
-    return not _ADDED[name] <= set(pq.ParquetFile(path).schema_arrow.names)
+def _lacks_added(path: Path, name: str) -> bool:
+    """Whether the dataset file lacks a column added to its table since the first dataset (:data:`_ADDED`), or holds a
+    null in one (rows ``library merge`` read from a shard written before it): from the row groups' statistics, a
+    column read only where a row group has none."""
+    f = pq.ParquetFile(path)
+    leaves = {f.metadata.schema.column(k).path: k for k in range(f.metadata.num_columns)}
+    for column in _ADDED[name]:
+        if column not in leaves:
+            return True
+        for i in range(f.num_row_groups):
+            stats = f.metadata.row_group(i).column(leaves[column]).statistics
+            nulls = (stats.null_count if stats is not None and stats.has_null_count
+                     else f.read_row_group(i, columns=[column]).column(0).null_count)
+            if nulls:
+                return True
+    return False
 
 
 def _row_groups(path: Path, name: str) -> Iterator[pa.Table]:
     """The row groups of a dataset file of table ``name`` one at a time, in our schema (columns in order, types cast);
     a column added since the first dataset (:data:`_ADDED`) that the file lacks is read as nulls; any other column
-    missing is an ArrowInvalid (a file of another schema)."""
+    missing is an ArrowInvalid, and a column that does not cast to our type another ArrowException (a file of another
+    schema)."""
     schema = _SCHEMAS[name]
     f = pq.ParquetFile(path)
     have = set(f.schema_arrow.names)

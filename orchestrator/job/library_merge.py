@@ -58,7 +58,7 @@ def merge(dirs: Sequence[str | Path], out: str | Path, formats: Sequence[str] | 
         for d in sources:
             try:
                 w.copy_from(d)
-            except (pa.ArrowInvalid, KeyError) as e:  # a damaged file, or one of another schema
+            except (pa.ArrowException, KeyError) as e:  # a damaged file, or one of another schema
                 raise ConfigError(f"library merge: cannot read the dataset of {d}: {' '.join(str(e).split())}") \
                     from None
     for d in sources:

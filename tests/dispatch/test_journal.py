@@ -197,7 +197,8 @@ def test_section_times_are_read_back_as_the_journal_holds_them(tmp_path):
     j.close()
     times = section_times(tmp_path)
     assert set(times) == {"1.1.1"}
-    start, end = times["1.1.1"]
-    assert before <= end <= time.time() and end - start == pytest.approx(1.0, abs=0.01)
+    title, start, end = times["1.1.1"]
+    assert title == "S0" and before <= end <= time.time() and end - start == pytest.approx(1.0, abs=0.01)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILENAME, FILENAME + ".lock"]  # no -wal, -shm left
     (tmp_path / FILENAME).write_bytes(b"not a journal")
     assert section_times(tmp_path) == {}

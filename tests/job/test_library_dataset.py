@@ -33,7 +33,7 @@ def rows_of(book_id: str, sections: int = 3, key: str = "k1") -> tuple[BookRow, 
     secs = [SectionRow(book_id, f"prompt of {book_id}", f"Title {book_id}", "Part 1", "Chapter 1", f"Section {i}",
                        f"1.1.{i}", f"Text {i} of {book_id}. " * i, 5 * i, 7 * i,
                        "length" if i == 2 else "stop", "http://gpu1:8000/v1", "m", 1 + i % 2, 100.0 + i, 101.5 + i,
-                       "HTTP 500" if i == 5 else None)
+                       "HTTP 500" if i == 5 else None, "" if i == 5 else f"Text {i} of {book_id}.")
             for i in range(1, sections + 1)]
     book = BookRow(book_id, key, f"prompt of {book_id}", f"Title {book_id}", (1, 1, sections), sections,
                    sum(s.words for s in secs), sum(s.tokens for s in secs), "complete", f"books/{book_id}",
@@ -236,8 +236,6 @@ def _older(path: Path) -> None:
 
 def test_a_dataset_from_before_the_printed_column(tmp_path):
     books = [rows_of("a", 2, key="key-a"), rows_of("b", 3, key="key-b")]
-    for i, (book, secs) in enumerate(books):  # rows of a dataset that has the column
-        books[i] = (book, [dataclasses.replace(s, printed=f"printed {s.path}") for s in secs])
     old = tmp_path / "old"
     write_dataset(old, books, formats=("parquet", "jsonl"))
     _older(old / "sections.parquet")
@@ -248,7 +246,21 @@ def test_a_dataset_from_before_the_printed_column(tmp_path):
     merge([old], tmp_path / "merged")  # a shard written before it: read with nulls there, everything else kept
     rows = pq.read_table(tmp_path / "merged" / "sections.parquet").to_pylist()
     assert rows == [{**d, "printed": None} for d in as_dicts(s for _, secs in books for s in secs)]
+    w = DatasetWriter(tmp_path / "merged")  # nor is a merge of it, which has the column but nulls in it
+    assert w.carry_over({"a": "key-a", "b": "key-b"}) == set()
+    w.abort()
+    w = DatasetWriter(tmp_path / "new")  # one written with the column is carried over
+    w.add_book(*books[0])
+    w.close()
+    w = DatasetWriter(tmp_path / "new")
+    assert w.carry_over({"a": "key-a"}) == {"a"}
+    w.abort()
     table = pq.read_table(old / "sections.parquet")
+    typed = table.append_column("printed", pa.array([["x"]] * table.num_rows, pa.list_(pa.string())))
+    pq.write_table(typed, old / "sections.parquet")  # the column, of another type: one line, no traceback
+    with pytest.raises(ConfigError, match=r"cannot read the dataset of .*old: ") as info:
+        merge([old], tmp_path / "typed")
+    assert "\n" not in str(info.value)
     pq.write_table(table.drop_columns(["words"]), old / "sections.parquet")  # any other column missing: refused
     with pytest.raises(ConfigError, match=r"cannot read the dataset of .*old: sections\.parquet has no column 'words'$"):
         merge([old], tmp_path / "again")
