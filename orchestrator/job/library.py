@@ -28,7 +28,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from ..book.assemble import Book
 from ..book.crossdup import CrossIndex
 from ..core.config import Backend, Settings, slugify
 from ..core.errors import BackendError, ConfigError, HandbookError, OutputError, PlanError
@@ -50,7 +49,8 @@ from ..dispatch.journal_files import lock_out_dir, unlock
 from ..views.library_progress import BookFinished, BookStarted, LibraryStarted, LibraryState
 from .connect import backends_up, discover_all, open_clients
 from .finish import Result
-from .library_dataset import DatasetWriter, book_row, section_rows
+from .library_dataset import DatasetWriter, book_row, journal_times, section_rows
+from .library_index import index_carried
 from .library_input import LibraryBook, check_file, iter_books
 from .library_stats import Totals, book_counts, error_of, library_defects, read_index, write_index
 from .options import Mode, Options, SharedFleet
@@ -207,6 +207,8 @@ class _Library:
         with DatasetWriter(self.out_dir, self.dataset) as writer:
             self.finished_before = self._finished_before()
             kept = writer.carry_over(self.finished_before)
+            if self.dedupe is not None and kept:  # the books written now are asked against those carried over too
+                await anyio.to_thread.run_sync(index_carried, self.dedupe, self.out_dir / "sections.parquet", kept)
             self.forecast = await self._forecast(usable, kept)
             self.bus(LibraryStarted(self.books, len(kept), time.monotonic(), self.forecast))
             async with anyio.create_task_group() as bg:
@@ -358,7 +360,7 @@ class _Library:
             self._book_failed(book, folder, str(e))  # traceback in books/<id>/handbook.log), a foreign journal
             return
         assert isinstance(result, Result) and result.book is not None
-        timed = {**_journal_times(result.book, await anyio.to_thread.run_sync(section_times, folder)), **times}
+        timed = {**journal_times(result.book, await anyio.to_thread.run_sync(section_times, folder)), **times}
         row = book_row(book.id, book.key, book.prompt, result.book, folder=f"books/{book.id}",
                        files=sorted(p.name for p in result.paths.values() if p.parent == folder))
         rows = section_rows(book.id, book.prompt, result.book, model=self.model, attempts=attempts, times=timed,
@@ -388,11 +390,3 @@ class _Library:
         self.failed.append((book.id, why))
         write_index(folder, book, status, why)
         self.bus(BookFinished(book.id, status, 0, 0, time.monotonic(), why))
-
-
-def _journal_times(book: Book, stored: Mapping[str, tuple[str, float, float]]) -> dict[str, tuple[float, float]]:
-    """The start and end of a book's written sections as its journal holds them (``journal.section_times``), for those
-    the journal answered (a Reply read from it is timed as it is read); a path the journal holds for another title is
-    another section's."""
-    return {s.path: (t[1], t[2]) for s in book.sections
-            if s.error is None and (t := stored.get(s.path)) is not None and t[0] == s.title}

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 from ..book.assemble import Book, count_words
 from ..core.errors import ConfigError
 
-__all__ = ["BOOK_SCHEMA", "SECTION_SCHEMA", "BookRow", "DatasetWriter", "SectionRow", "book_row", "rebuild",
-           "section_rows"]
+__all__ = ["BOOK_SCHEMA", "SECTION_SCHEMA", "BookRow", "DatasetWriter", "SectionRow", "book_row", "journal_times",
+           "rebuild", "section_rows"]
 
 ROWS_PER_GROUP = 1000  # sections a row group holds: ~1,000 x 2 KB of text, a few MB of buffer
 FORMATS = ("parquet", "jsonl")
@@ -119,6 +119,14 @@ def section_rows(book_id: str, prompt: str, book: Book, *, model: str | None = N
                                (attempts or {}).get(s.path, 1), t0, t1, None if s.error is None else str(s.error),
                                s.body if written else ""))
     return tuple(rows)
+
+
+def journal_times(book: Book, stored: Mapping[str, tuple[str, float, float]]) -> dict[str, tuple[float, float]]:
+    """The start and end of a book's written sections as its journal holds them (``journal.section_times``: path ->
+    title, start, end), for :func:`section_rows`'s ``times`` where the journal answered a section (a Reply read from
+    it is timed as it is read); a path the journal holds for another title is another section's."""
+    return {s.path: (t[1], t[2]) for s in book.sections
+            if s.error is None and (t := stored.get(s.path)) is not None and t[0] == s.title}
 
 
 def book_row(book_id: str, key: str, prompt: str, book: Book, *, folder: str, files: Sequence[str] = ()) -> BookRow:

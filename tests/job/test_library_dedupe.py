@@ -90,3 +90,24 @@ def test_a_library_written_again_from_its_journals_is_not_checked_again(tmp_path
     rows = {(r["book_id"], r["path"]): r for r in pq.read_table(out / "sections.parquet").to_pylist()}
     assert {k: r["text"] for k, r in rows.items()} == {(r["book_id"], r["path"]): r["text"] for r in table.to_pylist()}
     assert all(r["printed"] for r in rows.values())
+
+
+def test_a_book_added_to_a_finished_library_is_asked_against_the_books_carried_over(tmp_path):
+    import pyarrow.parquet as pq
+
+    file = tmp_path / "lib.jsonl"
+    lines = [json.dumps({"id": f"b{i}", "prompt": f"A test book number {i}", "parts": 1, "chapters": 2,
+                         "sections": 4}) + "\n" for i in range(2)]
+    out = tmp_path / "out"
+    args = ("library", str(file), "--out", str(out), "--books-in-flight", "1", "--stream-sections", "always", "-q",
+            "--dedupe", "reask")
+    with ScriptedServer(_answer) as srv:
+        file.write_text(lines[0])
+        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+        file.write_text(lines[0] + lines[1])  # an appended line: b0 is carried over, b1 written
+        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+        again = [r for r in srv.of("section") if "Another section" in r.body["messages"][-1]["content"]]
+    assert json.loads((out / "stats.json").read_text())["carried_over"] == 1
+    assert len(again) == 1 and '"Basics 1", already says:' in again[0].body["messages"][-1]["content"]
+    texts = {(r["book_id"], r["path"]): r["text"] for r in pq.read_table(out / "sections.parquet").to_pylist()}
+    assert "A queue decouples" in texts[("b0", "1.1.1")] and "A queue decouples" not in texts[("b1", "1.1.1")]

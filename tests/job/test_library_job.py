@@ -305,7 +305,7 @@ def test_every_backend_gone_stops_the_library_with_what_is_finished_kept(tmp_pat
 def test_journal_times_are_a_written_sections_own():
     from orchestrator.book.assemble import Book, SectionText
     from orchestrator.core.outline import Chapter, Outline, Part
-    from orchestrator.job.library import _journal_times
+    from orchestrator.job.library_dataset import journal_times
 
     outline = Outline("Owls", (Part("Kinds", (Chapter("Barn owls", ("Range", "Diet", "Calls")),)),))
     texts = (SectionText("1.1.1", "Kinds", "Barn owls", "Range", "Far and wide.", "stop", 9, "http://a/v1"),
@@ -313,4 +313,4 @@ def test_journal_times_are_a_written_sections_own():
              SectionText("1.1.3", "Kinds", "Barn owls", "Calls", "", None, 0, None, error="HTTP 500 x8"))
     stored = {"1.1.1": ("Range", 10.0, 12.5), "1.1.2": ("Prey", 20.0, 21.0), "1.1.3": ("Calls", 30.0, 31.0)}
     # 1.1.2's row is another title's (re-asked under this one); 1.1.3 failed this run: neither has the journal's times
-    assert _journal_times(Book(outline, texts, ""), stored) == {"1.1.1": (10.0, 12.5)}
+    assert journal_times(Book(outline, texts, ""), stored) == {"1.1.1": (10.0, 12.5)}
