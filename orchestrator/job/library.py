@@ -44,13 +44,13 @@ from ..core.events import Event, NodeFinished
 from ..core.osutil import atomic_write, ensure_open_files, prepare_out_dir
 from ..core.states import NodeKind
 from ..dispatch.fleet import Fleet
-from ..dispatch.journal import section_times
+from ..dispatch.journal import FILENAME, section_times
 from ..dispatch.journal_files import lock_out_dir, unlock
 from ..views.library_progress import BookFinished, BookStarted, LibraryStarted, LibraryState
 from .connect import backends_up, discover_all, open_clients
 from .finish import Result
 from .library_dataset import DatasetWriter, book_row, journal_times, section_rows
-from .library_index import index_carried
+from .library_index import book_passes, index_carried
 from .library_input import LibraryBook, check_file, iter_books
 from .library_stats import Totals, book_counts, error_of, library_defects, read_index, write_index
 from .options import Mode, Options, SharedFleet
@@ -208,7 +208,8 @@ class _Library:
             self.finished_before = self._finished_before()
             kept = writer.carry_over(self.finished_before)
             if self.dedupe is not None and kept:  # the books written now are asked against those carried over too
-                await anyio.to_thread.run_sync(index_carried, self.dedupe, self.out_dir / "sections.parquet", kept)
+                n = await anyio.to_thread.run_sync(index_carried, self.dedupe, self.out_dir / "sections.parquet", kept)
+                log.info("--dedupe reask: %d sections of %d books carried over indexed", n, len(kept))
             self.forecast = await self._forecast(usable, kept)
             self.bus(LibraryStarted(self.books, len(kept), time.monotonic(), self.forecast))
             async with anyio.create_task_group() as bg:
@@ -300,17 +301,20 @@ class _Library:
 
     async def _books(self, shared: SharedFleet, writer: DatasetWriter, kept: set[str], limit: int) -> None:
         slots = anyio.Semaphore(limit)
-        async with anyio.create_task_group() as books:
-            for rank, book in enumerate(iter_books(self.file, self.settings, self.shard)):
-                folder = self.out_dir / "books" / book.id
-                if book.id in kept:  # finished before, its rows carried over: its counts only
-                    self.totals.carried(read_index(folder))
-                    continue
-                await slots.acquire()
-                if self.stopped_by is not None or self.interrupted:
-                    slots.release()
-                    break
-                books.start_soon(self._book, replace(shared, rank=rank), writer, book, slots)
+        for take in book_passes(self.dedupe, self.finished_before, kept):
+            async with anyio.create_task_group() as books:
+                for rank, book in enumerate(iter_books(self.file, self.settings, self.shard)):
+                    folder = self.out_dir / "books" / book.id
+                    if not take(book.id):
+                        continue
+                    if book.id in kept:  # finished before, its rows carried over: its counts only
+                        self.totals.carried(read_index(folder))
+                        continue
+                    await slots.acquire()
+                    if self.stopped_by is not None or self.interrupted:
+                        slots.release()
+                        return
+                    books.start_soon(self._book, replace(shared, rank=rank), writer, book, slots)
 
     async def _book(self, shared: SharedFleet, writer: DatasetWriter, book: LibraryBook,
                     slots: anyio.Semaphore) -> None:
@@ -379,11 +383,10 @@ class _Library:
         self.bus(BookFinished(book.id, row.status, row.sections, row.tokens, time.monotonic()))
 
     def _session_fleet(self, shared: SharedFleet, book: LibraryBook) -> SharedFleet:
-        """A book an earlier run finished complete, whose dataset rows were not carried over, is written again from
-        its journal, asking nothing: it is not checked against the other books again (``--dedupe reask`` did that
-        when it was written, against the books finished before it; books written again before it now may have
-        finished after it then)."""
-        return replace(shared, dedupe=None) if book.id in self.finished_before else shared
+        """A book finished complete before, written again from its journal (asking nothing), is not checked against
+        the other books again: it was when written (docs/architecture.md, "A library")."""
+        again = book.id in self.finished_before and (self.out_dir / "books" / book.id / FILENAME).is_file()
+        return replace(shared, dedupe=None) if again else shared
 
     def _book_failed(self, book: LibraryBook, folder: Path, why: str, *, status: str = "failed") -> None:
         self.lines[book.id] = book.line

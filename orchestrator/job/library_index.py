@@ -1,11 +1,13 @@
-"""``--dedupe reask`` across a resumed library: the books carried over from the previous dataset go into the index
-of finished books before any book is written, so that the books written now (appended lines, changed ones, the
-unfinished) are asked against them as against the books finished in this run (job/library.py indexes those as they
-finish, from their sections as written)."""
+"""``--dedupe reask`` across a resumed library: the books an earlier run finished are in the index of finished books
+before any other book is written, so that the books written now (appended lines, changed ones, the unfinished) are
+asked against them as against the books finished in this run (job/library.py indexes those as they finish, from
+their sections as written). Those carried over are read from the previous sections.parquet (:func:`index_carried`);
+those written again from their journals (rows not carried over: a dataset from before a column, a damaged one) are
+written first, in a pass of their own (:func:`book_passes`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +16,7 @@ from ..book.crossdup import CrossIndex
 from ..book.textscan import shingles
 from .repairs import first_sentence
 
-__all__ = ["index_carried"]
+__all__ = ["book_passes", "index_carried"]
 
 _COLUMNS = ["book_id", "path", "section", "text"]
 
@@ -42,3 +44,14 @@ def _written(path: Path, ids: set[str]) -> Iterator[tuple[list[str], list[str], 
                 texts.append(text)
         if keys:
             yield keys, titles, texts
+
+
+def book_passes(dedupe: CrossIndex | None, finished_before: Collection[str], kept: Collection[str]
+                ) -> list[Callable[[str], bool]]:
+    """Which book ids each pass over the library's file writes, in order: with ``dedupe`` and books an earlier run
+    finished complete whose rows were not ``kept`` (carried over), those first (from their journals, asking nothing:
+    each is in the index once its pass ends), then the others; else one pass of every book."""
+    again = set(finished_before) - set(kept) if dedupe is not None else set()
+    if not again:
+        return [lambda book_id: True]
+    return [again.__contains__, lambda book_id: book_id not in again]

@@ -111,3 +111,28 @@ def test_a_book_added_to_a_finished_library_is_asked_against_the_books_carried_o
     assert len(again) == 1 and '"Basics 1", already says:' in again[0].body["messages"][-1]["content"]
     texts = {(r["book_id"], r["path"]): r["text"] for r in pq.read_table(out / "sections.parquet").to_pylist()}
     assert "A queue decouples" in texts[("b0", "1.1.1")] and "A queue decouples" not in texts[("b1", "1.1.1")]
+
+
+def test_a_new_book_is_asked_against_the_books_written_again_from_their_journals(tmp_path):
+    """The earlier run's books are not carried over (a dataset from before a column): they are written again from
+    their journals before the new book, which comes first in the file, so that it is asked against them."""
+    import pyarrow.parquet as pq
+
+    file = tmp_path / "lib.jsonl"
+    lines = [json.dumps({"id": f"b{i}", "prompt": f"A test book number {i}", "parts": 1, "chapters": 2,
+                         "sections": 4}) + "\n" for i in range(2)]
+    out = tmp_path / "out"
+    args = ("library", str(file), "--out", str(out), "--books-in-flight", "1", "--stream-sections", "always", "-q",
+            "--dedupe", "reask")
+    with ScriptedServer(_answer) as srv:
+        file.write_text(lines[0])
+        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+        table = pq.read_table(out / "sections.parquet")
+        pq.write_table(table.drop_columns(["printed"]), out / "sections.parquet")
+        file.write_text(lines[1] + lines[0])  # the new book first in the file
+        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+        again = [r for r in srv.of("section") if "Another section" in r.body["messages"][-1]["content"]]
+    st = json.loads((out / "stats.json").read_text())
+    assert (st["carried_over"], st["books_written"]) == (0, 2)
+    assert len(again) == 1 and '"Basics 1", already says:' in again[0].body["messages"][-1]["content"]
+    assert json.loads((out / "defects.json").read_text())["near_duplicate_sections"]["across_books"] == 0
