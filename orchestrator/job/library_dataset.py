@@ -28,7 +28,7 @@ from ..book.assemble import Book, count_words
 from ..core.errors import ConfigError
 
 __all__ = ["BOOK_SCHEMA", "SECTION_SCHEMA", "BookRow", "DatasetWriter", "SectionRow", "book_row", "journal_times",
-           "rebuild", "section_rows"]
+           "rebuild", "section_rows", "section_texts"]
 
 ROWS_PER_GROUP = 1000  # sections a row group holds: ~1,000 x 2 KB of text, a few MB of buffer
 FORMATS = ("parquet", "jsonl")
@@ -101,6 +101,7 @@ _SCHEMAS = {"sections": SECTION_SCHEMA, "books": BOOK_SCHEMA}
 # are added again from their journals, which hold what the new columns need.
 _ADDED = {"sections": frozenset({"printed"}), "books": frozenset()}
 _ID_COLUMN = {"sections": "book_id", "books": "id"}
+_TEXT_COLUMNS = ["book_id", "path", "section", "text"]
 
 
 def section_rows(book_id: str, prompt: str, book: Book, *, model: str | None = None,
@@ -329,6 +330,17 @@ def _row_groups(path: Path, name: str) -> Iterator[pa.Table]:
         for n in absent:
             table = table.append_column(schema.field(n), pa.nulls(table.num_rows, schema.field(n).type))
         yield table.select(schema.names).cast(schema)
+
+
+def section_texts(path: Path) -> Iterator[tuple[str, str, str, str]]:
+    """(book id, path, section title, text) of every section with text in a sections.parquet, in file order, a row
+    group at a time (the library's near-duplicate report, and ``--dedupe reask``'s index of carried-over books)."""
+    f = pq.ParquetFile(path)
+    for i in range(f.num_row_groups):
+        t = f.read_row_group(i, columns=_TEXT_COLUMNS)
+        for row in zip(*(t[c].to_pylist() for c in _TEXT_COLUMNS), strict=True):
+            if row[3]:
+                yield row
 
 
 def _ids_and_keys(path: Path) -> Iterator[tuple[str, str, str]]:

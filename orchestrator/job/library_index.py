@@ -7,43 +7,32 @@ written first, in a pass of their own (:func:`book_passes`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
+from itertools import islice
 from pathlib import Path
-
-import pyarrow.parquet as pq
 
 from ..book.crossdup import CrossIndex
 from ..book.textscan import shingles
+from .library_dataset import section_texts
 from .repairs import first_sentence
 
 __all__ = ["book_passes", "index_carried"]
 
-_COLUMNS = ["book_id", "path", "section", "text"]
+BATCH = 1000  # sections signed at once: one vectorised batch, a few MB of text
 
 
 def index_carried(index: CrossIndex, sections: Path, ids: set[str]) -> int:
     """Add to ``index`` every written section of the books ``ids`` in the dataset file ``sections`` (keys, titles,
-    first sentences and shingles as job/library.py adds a finished book's), a row group at a time; returns how many."""
+    first sentences and shingles as job/library.py adds a finished book's), :data:`BATCH` at a time; returns how
+    many."""
+    rows = ((f"{book_id}/{path}", title, text) for book_id, path, title, text in section_texts(sections)
+            if book_id in ids and text.strip())
     added = 0
-    for keys, titles, texts in _written(sections, ids):
+    while batch := list(islice(rows, BATCH)):
+        keys, titles, texts = zip(*batch, strict=True)
         index.add(keys, titles, [first_sentence(t) for t in texts], [shingles(t) for t in texts])
-        added += len(keys)
+        added += len(batch)
     return added
-
-
-def _written(path: Path, ids: set[str]) -> Iterator[tuple[list[str], list[str], list[str]]]:
-    """Per row group: the keys ("<book id>/<path>"), titles and texts of the written sections of the books ``ids``."""
-    f = pq.ParquetFile(path)
-    for i in range(f.num_row_groups):
-        t = f.read_row_group(i, columns=_COLUMNS)
-        keys, titles, texts = [], [], []
-        for book_id, p, title, text in zip(*(t[c].to_pylist() for c in _COLUMNS), strict=True):
-            if book_id in ids and text and text.strip():
-                keys.append(f"{book_id}/{p}")
-                titles.append(title)
-                texts.append(text)
-        if keys:
-            yield keys, titles, texts
 
 
 def book_passes(dedupe: CrossIndex | None, finished_before: Collection[str], kept: Collection[str]

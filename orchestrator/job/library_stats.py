@@ -110,20 +110,15 @@ class Totals:
 
 def library_defects(out_dir: Path, failed: list[tuple[str, str]]) -> dict[str, Any]:
     """defects.json of the library (see the module docstring)."""
-    import pyarrow.parquet as pq
+    from .library_dataset import section_texts  # pyarrow, only once a library has run
 
     keys: list[tuple[str, str, str]] = []  # (book id, path, section title) of each text, in file order
     sets = []
     path = out_dir / "sections.parquet"
     if path.is_file():
-        f = pq.ParquetFile(path)
-        for i in range(f.num_row_groups):
-            t = f.read_row_group(i, columns=["book_id", "path", "section", "text"])
-            for book_id, p, title, text in zip(*(t[c].to_pylist() for c in ("book_id", "path", "section", "text")),
-                                               strict=True):
-                if text:
-                    keys.append((book_id, p, title))
-                    sets.append(shingles(text))
+        for book_id, p, title, text in section_texts(path):
+            keys.append((book_id, p, title))
+            sets.append(shingles(text))
     pairs = near_duplicates([""] * len(sets), sets)
     across = [(i, j, jac, con) for i, j, jac, con in pairs if keys[i][0] != keys[j][0]]
     per_book: Counter[str] = Counter()

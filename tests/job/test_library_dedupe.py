@@ -92,21 +92,28 @@ def test_a_library_written_again_from_its_journals_is_not_checked_again(tmp_path
     assert all(r["printed"] for r in rows.values())
 
 
-def test_a_book_added_to_a_finished_library_is_asked_against_the_books_carried_over(tmp_path):
-    import pyarrow.parquet as pq
-
+def _two_runs(tmp_path, first: list[int], second: list[int], between=None):
+    """One library run twice with --dedupe reask, FILE holding the books ``first`` then ``second`` (b0, b1 as
+    _library's), ``between(out)`` called between the runs; returns the folder and the re-asks of both runs."""
     file = tmp_path / "lib.jsonl"
-    lines = [json.dumps({"id": f"b{i}", "prompt": f"A test book number {i}", "parts": 1, "chapters": 2,
-                         "sections": 4}) + "\n" for i in range(2)]
     out = tmp_path / "out"
     args = ("library", str(file), "--out", str(out), "--books-in-flight", "1", "--stream-sections", "always", "-q",
             "--dedupe", "reask")
     with ScriptedServer(_answer) as srv:
-        file.write_text(lines[0])
-        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
-        file.write_text(lines[0] + lines[1])  # an appended line: b0 is carried over, b1 written
-        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+        for books in (first, second):
+            file.write_text("".join(json.dumps({"id": f"b{i}", "prompt": f"A test book number {i}", "parts": 1,
+                                                "chapters": 2, "sections": 4}) + "\n" for i in books))
+            assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+            if between is not None and books is first:
+                between(out)
         again = [r for r in srv.of("section") if "Another section" in r.body["messages"][-1]["content"]]
+    return out, again
+
+
+def test_a_book_added_to_a_finished_library_is_asked_against_the_books_carried_over(tmp_path):
+    import pyarrow.parquet as pq
+
+    out, again = _two_runs(tmp_path, [0], [0, 1])  # an appended line: b0 is carried over, b1 written
     assert json.loads((out / "stats.json").read_text())["carried_over"] == 1
     assert len(again) == 1 and '"Basics 1", already says:' in again[0].body["messages"][-1]["content"]
     texts = {(r["book_id"], r["path"]): r["text"] for r in pq.read_table(out / "sections.parquet").to_pylist()}
@@ -118,20 +125,11 @@ def test_a_new_book_is_asked_against_the_books_written_again_from_their_journals
     their journals before the new book, which comes first in the file, so that it is asked against them."""
     import pyarrow.parquet as pq
 
-    file = tmp_path / "lib.jsonl"
-    lines = [json.dumps({"id": f"b{i}", "prompt": f"A test book number {i}", "parts": 1, "chapters": 2,
-                         "sections": 4}) + "\n" for i in range(2)]
-    out = tmp_path / "out"
-    args = ("library", str(file), "--out", str(out), "--books-in-flight", "1", "--stream-sections", "always", "-q",
-            "--dedupe", "reask")
-    with ScriptedServer(_answer) as srv:
-        file.write_text(lines[0])
-        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
+    def older(out):
         table = pq.read_table(out / "sections.parquet")
         pq.write_table(table.drop_columns(["printed"]), out / "sections.parquet")
-        file.write_text(lines[1] + lines[0])  # the new book first in the file
-        assert (run := handbook(*args, "--backend", srv.url)).returncode == 0, run.stderr
-        again = [r for r in srv.of("section") if "Another section" in r.body["messages"][-1]["content"]]
+
+    out, again = _two_runs(tmp_path, [0], [1, 0], older)  # the new book first in the file
     st = json.loads((out / "stats.json").read_text())
     assert (st["carried_over"], st["books_written"]) == (0, 2)
     assert len(again) == 1 and '"Basics 1", already says:' in again[0].body["messages"][-1]["content"]
